@@ -1,0 +1,200 @@
+//! Renders the Envoy bootstrap for a static configuration from the templates in `envoy/`.
+//!
+//! The templates carry every Envoy setting with the reason for it; this module only fills in
+//! addresses, the wasm path, the filter configuration and the clusters. Nothing else about
+//! Envoy is decided here, so the YAML in `envoy/` is the one place to read and review.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::path::Path;
+
+use crate::routing::RoutingPlan;
+
+const BOOTSTRAP_TEMPLATE: &str = include_str!("../../envoy/static-bootstrap.yaml");
+const CLUSTER_TEMPLATE: &str = include_str!("../../envoy/static-cluster.yaml");
+
+/// The Envoy cluster for the apiserver this Envoy fronts; the default route points at it.
+pub const LOCAL_CLUSTER: &str = "skewgate-local";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error("address {0:?} is not host:port (IPv6 hosts in brackets, e.g. [::1]:6443)")]
+    BadAddress(String),
+    #[error("peer {0:?} is in the routing plan but has no address")]
+    UnknownPeer(String),
+    #[error("{0} contains characters that cannot appear in the bootstrap")]
+    Unsafe(&'static str),
+}
+
+/// A `host:port` an apiserver listens on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Address {
+    pub host: String,
+    pub port: u16,
+}
+
+impl Address {
+    /// An apiserver's address: the port must be given.
+    pub fn parse(s: &str) -> Result<Self, BootstrapError> {
+        let address = Self::parse_listen(s)?;
+        if address.port == 0 {
+            return Err(BootstrapError::BadAddress(s.to_string()));
+        }
+        Ok(address)
+    }
+
+    /// An address to listen on: port 0 lets the kernel choose (Envoy reports it on its admin
+    /// `/listeners`).
+    pub fn parse_listen(s: &str) -> Result<Self, BootstrapError> {
+        let bad = || BootstrapError::BadAddress(s.to_string());
+        let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+            let (host, port) = rest.split_once("]:").ok_or_else(bad)?;
+            host.parse::<std::net::Ipv6Addr>().map_err(|_| bad())?;
+            (host, port)
+        } else {
+            let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+            if host.contains(':') {
+                return Err(bad()); // an IPv6 address must be bracketed
+            }
+            (host, port)
+        };
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let host_ok = !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':'));
+        if !host_ok {
+            return Err(bad());
+        }
+        Ok(Address {
+            host: host.to_string(),
+            port,
+        })
+    }
+
+    /// Envoy resolves names itself; literal IPs need no DNS.
+    fn discovery_type(&self) -> &'static str {
+        if self.host.parse::<IpAddr>().is_ok() {
+            "STATIC"
+        } else {
+            "STRICT_DNS"
+        }
+    }
+}
+
+/// What the static bootstrap needs besides the routing plan.
+#[derive(Debug, Clone)]
+pub struct StaticBootstrap<'a> {
+    pub listen: &'a Address,
+    pub admin_port: u16,
+    pub wasm_path: &'a Path,
+    pub local: &'a Address,
+    /// Address of every peer apiserver by id.
+    pub peers: &'a [(String, Address)],
+}
+
+impl StaticBootstrap<'_> {
+    pub fn render(&self, plan: &RoutingPlan) -> Result<String, BootstrapError> {
+        let wasm = self
+            .wasm_path
+            .to_str()
+            .ok_or(BootstrapError::Unsafe("the wasm path"))?;
+        if wasm.chars().any(|c| c.is_control() || c == '"') {
+            return Err(BootstrapError::Unsafe("the wasm path"));
+        }
+        let mut clusters = render_cluster(LOCAL_CLUSTER, std::slice::from_ref(self.local));
+        for cluster in &plan.clusters {
+            let addresses = cluster
+                .peer_ids
+                .iter()
+                .map(|id| {
+                    self.peers
+                        .iter()
+                        .find(|(peer, _)| peer == id)
+                        .map(|(_, address)| address.clone())
+                        .ok_or_else(|| BootstrapError::UnknownPeer(id.clone()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            clusters.push_str(&render_cluster(&cluster.name, &addresses));
+        }
+        // A JSON string is a valid YAML double-quoted scalar.
+        let filter_config = serde_json::to_string(&plan.config.to_json())
+            .map_err(|_| BootstrapError::Unsafe("the filter configuration"))?;
+        Ok(BOOTSTRAP_TEMPLATE
+            .replace("{{admin_port}}", &self.admin_port.to_string())
+            .replace("{{listen_address}}", &yaml_host(self.listen))
+            .replace("{{listen_port}}", &self.listen.port.to_string())
+            .replace("{{wasm_path}}", &format!("\"{wasm}\""))
+            .replace("{{filter_config}}", &filter_config)
+            .replace("{{clusters}}", clusters.trim_end()))
+    }
+}
+
+fn yaml_host(address: &Address) -> String {
+    format!("\"{}\"", address.host)
+}
+
+fn render_cluster(name: &str, addresses: &[Address]) -> String {
+    let mut endpoints = String::new();
+    for a in addresses {
+        // Writing to a String cannot fail.
+        let _ = writeln!(
+            endpoints,
+            "        - endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}",
+            yaml_host(a),
+            a.port
+        );
+    }
+    // All peers of one cluster resolve the same way; a mix of names and IPs needs DNS.
+    let discovery_type = if addresses.iter().all(|a| a.discovery_type() == "STATIC") {
+        "STATIC"
+    } else {
+        "STRICT_DNS"
+    };
+    let mut out = CLUSTER_TEMPLATE
+        .replace("{{name}}", name)
+        .replace("{{discovery_type}}", discovery_type)
+        .replace("{{endpoints}}", endpoints.trim_end());
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_addresses() {
+        let ok = [
+            ("127.0.0.1:6443", "127.0.0.1", 6443),
+            ("[::1]:6444", "::1", 6444),
+            ("apiserver-b.example:443", "apiserver-b.example", 443),
+        ];
+        for (s, host, port) in ok {
+            assert_eq!(
+                Address::parse(s).unwrap(),
+                Address {
+                    host: host.into(),
+                    port
+                },
+                "{s}"
+            );
+        }
+        for bad in [
+            "",
+            "6443",
+            "127.0.0.1",
+            "127.0.0.1:0",
+            "127.0.0.1:99999",
+            "[::1]",
+            "::1:6443x",
+            "a b:1",
+            "x\":1",
+            "[zz]:1",
+            ":6443",
+            "::1:6443",
+        ] {
+            assert!(Address::parse(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+}

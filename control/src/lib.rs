@@ -1,0 +1,6 @@
+//! skewgate's control plane as a library: what each apiserver serves, where each request must
+//! go, and the Envoy configuration that carries those decisions to the data plane.
+
+pub mod bootstrap;
+pub mod discovery;
+pub mod routing;

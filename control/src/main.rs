@@ -1,0 +1,148 @@
+//! `skewgate-control`: the skewgate control plane.
+//!
+//! `render-static` renders a complete Envoy bootstrap (listener, filter with its routing table,
+//! clusters) from discovery documents saved to disk, for setups without a live control plane
+//! and for tests.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use skewgate_control::bootstrap::{Address, StaticBootstrap};
+use skewgate_control::discovery::ServedApis;
+use skewgate_control::routing::{self, Peer};
+
+#[derive(Parser)]
+#[command(name = "skewgate-control", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Render an Envoy bootstrap with a static routing table from saved discovery documents.
+    RenderStatic(RenderStatic),
+}
+
+#[derive(clap::Args)]
+struct RenderStatic {
+    /// An apiserver of the cluster: `id=NAME,address=HOST:PORT,discovery=DIR`, where DIR holds
+    /// `aggregated_v2.json` (its `/apis` aggregated discovery) and `api__v1.json` (legacy core
+    /// v1). Repeat for every apiserver, the local one included.
+    #[arg(long = "apiserver", required = true, value_name = "SPEC")]
+    apiservers: Vec<String>,
+    /// Id of the apiserver this Envoy fronts.
+    #[arg(long)]
+    local: String,
+    /// Address Envoy listens on for clients.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: String,
+    /// Loopback port of Envoy's admin interface.
+    #[arg(long, default_value_t = 9901)]
+    admin_port: u16,
+    /// Path of skewgate_filter.wasm, as Envoy will see it.
+    #[arg(long)]
+    wasm: PathBuf,
+    /// A group-version served from shared storage (a CRD or a service-backed APIService),
+    /// never proxied: `GROUP/VERSION`. Repeatable.
+    #[arg(long = "shared-storage", value_name = "GROUP/VERSION")]
+    shared_storage: Vec<String>,
+    /// Also write the filter configuration (JSON) to this file.
+    #[arg(long)]
+    filter_config_out: Option<PathBuf>,
+}
+
+struct ApiserverSpec {
+    id: String,
+    address: Address,
+    discovery: PathBuf,
+}
+
+fn parse_spec(spec: &str) -> Result<ApiserverSpec> {
+    let (mut id, mut address, mut discovery) = (None, None, None);
+    for part in spec.split(',') {
+        match part.split_once('=') {
+            Some(("id", v)) => id = Some(v.to_string()),
+            Some(("address", v)) => address = Some(Address::parse(v)?),
+            Some(("discovery", v)) => discovery = Some(PathBuf::from(v)),
+            _ => {
+                bail!("--apiserver {spec:?}: unknown part {part:?} (want id=,address=,discovery=)")
+            }
+        }
+    }
+    match (id, address, discovery) {
+        (Some(id), Some(address), Some(discovery)) if !id.is_empty() => Ok(ApiserverSpec {
+            id,
+            address,
+            discovery,
+        }),
+        _ => bail!("--apiserver {spec:?} needs id=, address= and discovery="),
+    }
+}
+
+fn render_static(args: RenderStatic) -> Result<()> {
+    let specs = args
+        .apiservers
+        .iter()
+        .map(|s| parse_spec(s))
+        .collect::<Result<Vec<_>>>()?;
+    let mut ids = BTreeSet::new();
+    for spec in &specs {
+        if !ids.insert(spec.id.as_str()) {
+            bail!("apiserver {:?} is given twice", spec.id);
+        }
+    }
+    let local = specs
+        .iter()
+        .find(|s| s.id == args.local)
+        .with_context(|| format!("--local {:?} is not one of the --apiserver ids", args.local))?;
+    let local_served = ServedApis::from_dir(&local.discovery)
+        .with_context(|| format!("reading discovery of {}", local.id))?;
+    let mut peers = Vec::new();
+    let mut peer_addresses = Vec::new();
+    for spec in specs.iter().filter(|s| s.id != args.local) {
+        let served = ServedApis::from_dir(&spec.discovery)
+            .with_context(|| format!("reading discovery of {}", spec.id))?;
+        peers.push(Peer {
+            id: spec.id.clone(),
+            served,
+        });
+        peer_addresses.push((spec.id.clone(), spec.address.clone()));
+    }
+    let shared_storage = args
+        .shared_storage
+        .iter()
+        .map(|gv| match gv.rsplit_once('/') {
+            Some((g, v)) if !v.is_empty() => Ok((g.to_string(), v.to_string())),
+            _ => bail!("--shared-storage {gv:?} is not GROUP/VERSION"),
+        })
+        .collect::<Result<BTreeSet<_>>>()?;
+
+    let plan = routing::build(&local_served, &local.id, &peers, &shared_storage);
+    plan.config
+        .validate()
+        .context("the rendered filter configuration does not validate (a bug)")?;
+    if let Some(path) = &args.filter_config_out {
+        std::fs::write(path, plan.config.to_json())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let listen = Address::parse_listen(&args.listen)?;
+    let bootstrap = StaticBootstrap {
+        listen: &listen,
+        admin_port: args.admin_port,
+        wasm_path: &args.wasm,
+        local: &local.address,
+        peers: &peer_addresses,
+    }
+    .render(&plan)?;
+    print!("{bootstrap}");
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::RenderStatic(args) => render_static(args),
+    }
+}

@@ -1,0 +1,488 @@
+//! The routing table the filter consumes, computed from what the local apiserver and each live
+//! peer serve.
+//!
+//! For every group-version anyone serves, every resource key anyone serves in it is listed:
+//! `local: true` when the local apiserver serves it (the filter treats unknown keys as "not
+//! served locally", so local keys are always listed), otherwise the Envoy cluster of the peers
+//! that serve it. Peers serving the same key share one cluster, named after the sorted set of
+//! their ids, so Envoy can fail over between them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use sha2::{Digest, Sha256};
+use skewgate_core::config::{FilterConfig, GroupVersionRoutes, ResourceRoute, SCHEMA_VERSION};
+
+use crate::discovery::ServedApis;
+
+/// Prefix of every peer cluster name; the rest is a hash of the peer ids.
+pub const PEER_CLUSTER_PREFIX: &str = "skewgate-peers-";
+
+/// A live peer apiserver and what it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// Identity of the apiserver (its Lease name), as the bootstrap names its endpoint.
+    pub id: String,
+    pub served: ServedApis,
+}
+
+/// One Envoy cluster to create: the peers that serve some set of resources the local apiserver
+/// does not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerCluster {
+    /// `skewgate-peers-<12 hex>`, see [`peer_cluster_name`].
+    pub name: String,
+    /// Sorted, distinct.
+    pub peer_ids: Vec<String>,
+}
+
+/// The filter configuration and the Envoy clusters it refers to (sorted by name; exactly the
+/// keys of `config.peer_clusters`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingPlan {
+    pub config: FilterConfig,
+    pub clusters: Vec<PeerCluster>,
+}
+
+/// The cluster name for a set of peers: `skewgate-peers-` and the first 12 hex characters of the
+/// SHA-256 of the sorted, distinct ids joined with `"\n"`. Stable across runs and independent of
+/// the order the ids are given in.
+pub fn peer_cluster_name<S: AsRef<str>>(peer_ids: &[S]) -> String {
+    let ids: BTreeSet<&str> = peer_ids.iter().map(AsRef::as_ref).collect();
+    let joined = ids.into_iter().collect::<Vec<_>>().join("\n");
+    let digest = Sha256::digest(joined.as_bytes());
+    let mut name = String::with_capacity(PEER_CLUSTER_PREFIX.len() + 12);
+    name.push_str(PEER_CLUSTER_PREFIX);
+    for byte in digest.iter().take(6) {
+        name.push_str(&format!("{byte:02x}"));
+    }
+    name
+}
+
+/// Who serves one resource key.
+#[derive(Default)]
+struct Servers<'a> {
+    local: bool,
+    peers: BTreeSet<&'a str>,
+}
+
+/// Compute the routing plan.
+///
+/// - `local`, `local_id`: the apiserver this Envoy fronts.
+/// - `peers`: the live peers only. A peer whose id equals `local_id` is ignored (we never route
+///   to ourselves as a peer); two entries with the same id are merged.
+/// - `shared_storage`: (group, version) pairs served from shared storage (CRDs, APIServices):
+///   emitted with `shared_storage: true` and no resources, so the filter always keeps them
+///   local. Pairs nobody serves are not emitted (the filter keeps unknown group-versions local
+///   anyway).
+///
+/// Output is deterministic: group-versions sorted by (group, version), resources by key,
+/// clusters by name.
+pub fn build(
+    local: &ServedApis,
+    local_id: &str,
+    peers: &[Peer],
+    shared_storage: &BTreeSet<(String, String)>,
+) -> RoutingPlan {
+    // (group, version) -> key -> who serves it.
+    let mut table: BTreeMap<(&str, &str), BTreeMap<&str, Servers<'_>>> = BTreeMap::new();
+    for (group, version, keys) in local.iter() {
+        let gv = table.entry((group, version)).or_default();
+        for key in keys {
+            gv.entry(key.as_str()).or_default().local = true;
+        }
+    }
+    for peer in peers.iter().filter(|p| p.id != local_id) {
+        for (group, version, keys) in peer.served.iter() {
+            let gv = table.entry((group, version)).or_default();
+            for key in keys {
+                gv.entry(key.as_str())
+                    .or_default()
+                    .peers
+                    .insert(peer.id.as_str());
+            }
+        }
+    }
+
+    let mut peer_clusters: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut group_versions = Vec::with_capacity(table.len());
+    for ((group, version), keys) in table {
+        if shared_storage.contains(&(group.to_owned(), version.to_owned())) {
+            group_versions.push(GroupVersionRoutes {
+                group: group.to_owned(),
+                version: version.to_owned(),
+                shared_storage: true,
+                resources: Vec::new(),
+            });
+            continue;
+        }
+        let resources = keys
+            .into_iter()
+            .map(|(key, servers)| {
+                let peer_cluster = if servers.local || servers.peers.is_empty() {
+                    None
+                } else {
+                    let ids: Vec<String> =
+                        servers.peers.iter().map(|id| (*id).to_owned()).collect();
+                    let name = peer_cluster_name(&ids);
+                    peer_clusters.entry(name.clone()).or_insert(ids);
+                    Some(name)
+                };
+                ResourceRoute {
+                    resource: key.to_owned(),
+                    local: servers.local,
+                    peer_cluster,
+                }
+            })
+            .collect();
+        group_versions.push(GroupVersionRoutes {
+            group: group.to_owned(),
+            version: version.to_owned(),
+            shared_storage: false,
+            resources,
+        });
+    }
+
+    let clusters = peer_clusters
+        .iter()
+        .map(|(name, ids)| PeerCluster {
+            name: name.clone(),
+            peer_ids: ids.clone(),
+        })
+        .collect();
+    RoutingPlan {
+        config: FilterConfig {
+            schema: SCHEMA_VERSION,
+            local_apiserver: local_id.to_owned(),
+            peer_clusters,
+            group_versions,
+        },
+        clusters,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K130: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/discovery/k8s-1.30"
+    );
+    const K133: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/discovery/k8s-1.33"
+    );
+
+    fn load(dir: &str) -> ServedApis {
+        ServedApis::from_dir(dir).expect("fixture loads")
+    }
+
+    fn peer(id: &str, served: ServedApis) -> Peer {
+        Peer {
+            id: id.to_owned(),
+            served,
+        }
+    }
+
+    fn route<'a>(plan: &'a RoutingPlan, gvr: &str) -> Option<&'a ResourceRoute> {
+        let (group, rest) = gvr.split_once('/')?;
+        let (version, key) = rest.split_once('/')?;
+        plan.config
+            .group_versions
+            .iter()
+            .find(|gv| gv.group == group && gv.version == version)?
+            .resources
+            .iter()
+            .find(|r| r.resource == key)
+    }
+
+    fn synthetic(entries: &[(&str, &str, &str)]) -> ServedApis {
+        let mut served = ServedApis::new();
+        for (g, v, k) in entries {
+            served.add_resource(g, v, k).expect("valid");
+        }
+        served
+    }
+
+    /// Where a route goes, in a form easy to tabulate.
+    #[derive(Debug, PartialEq, Eq)]
+    enum To {
+        Local,
+        Peers(Vec<String>),
+        Missing,
+    }
+
+    fn peers_of(ids: &[&str]) -> To {
+        To::Peers(ids.iter().map(|id| (*id).to_owned()).collect())
+    }
+
+    fn to(plan: &RoutingPlan, gvr: &str) -> To {
+        match route(plan, gvr) {
+            None => To::Missing,
+            Some(r) if r.local => {
+                assert_eq!(r.peer_cluster, None, "{gvr}: local routes name no cluster");
+                To::Local
+            }
+            Some(r) => {
+                let name = r
+                    .peer_cluster
+                    .as_ref()
+                    .expect("non-local routes name a cluster");
+                To::Peers(
+                    plan.config
+                        .peer_clusters
+                        .get(name)
+                        .expect("declared")
+                        .clone(),
+                )
+            }
+        }
+    }
+
+    fn check_invariants(plan: &RoutingPlan) {
+        plan.config.validate().expect("plan validates");
+        let json = plan.config.to_json();
+        assert_eq!(
+            FilterConfig::from_json(json.as_bytes()).as_ref(),
+            Ok(&plan.config),
+            "round-trips through the filter's parser"
+        );
+        let gvs: Vec<_> = plan
+            .config
+            .group_versions
+            .iter()
+            .map(|gv| (gv.group.as_str(), gv.version.as_str()))
+            .collect();
+        assert!(gvs.windows(2).all(|w| w[0] < w[1]), "GVs sorted");
+        for gv in &plan.config.group_versions {
+            assert!(
+                gv.resources
+                    .windows(2)
+                    .all(|w| w[0].resource < w[1].resource),
+                "resources sorted"
+            );
+        }
+        let names: Vec<_> = plan.clusters.iter().map(|c| c.name.as_str()).collect();
+        assert!(names.windows(2).all(|w| w[0] < w[1]), "clusters sorted");
+        let declared: BTreeMap<String, Vec<String>> = plan
+            .clusters
+            .iter()
+            .map(|c| (c.name.clone(), c.peer_ids.clone()))
+            .collect();
+        assert_eq!(declared, plan.config.peer_clusters);
+        let referenced: BTreeSet<&str> = plan
+            .config
+            .group_versions
+            .iter()
+            .flat_map(|gv| gv.resources.iter())
+            .filter_map(|r| r.peer_cluster.as_deref())
+            .collect();
+        assert_eq!(
+            referenced,
+            declared.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+            "only referenced clusters are emitted"
+        );
+        for c in &plan.clusters {
+            assert!(c.peer_ids.windows(2).all(|w| w[0] < w[1]), "ids sorted");
+            assert_eq!(c.name, peer_cluster_name(&c.peer_ids));
+        }
+    }
+
+    #[test]
+    fn local_130_with_peer_133() {
+        let plan = build(
+            &load(K130),
+            "local-130",
+            &[peer("peer-133", load(K133))],
+            &BTreeSet::new(),
+        );
+        check_invariants(&plan);
+        let p133 = peers_of(&["peer-133"]);
+        let cases = [
+            ("resource.k8s.io/v1beta2/resourceclaims", &p133),
+            ("resource.k8s.io/v1beta2/resourceclaims/status", &p133),
+            ("apps/v1/deployments", &To::Local),
+            ("apps/v1/deployments/scale", &To::Local),
+            ("resource.k8s.io/v1alpha2/resourceclaims", &To::Local),
+            (
+                "admissionregistration.k8s.io/v1alpha1/mutatingadmissionpolicies",
+                &p133,
+            ),
+            (
+                "admissionregistration.k8s.io/v1alpha1/validatingadmissionpolicies",
+                &To::Local,
+            ),
+            ("networking.k8s.io/v1/servicecidrs", &p133),
+            ("networking.k8s.io/v1alpha1/servicecidrs", &To::Local),
+            ("/v1/pods/resize", &p133),
+            ("/v1/pods", &To::Local),
+            ("/v1/pods/exec", &To::Local),
+            ("apps/v1/nonexistent", &To::Missing),
+        ];
+        for (gvr, want) in cases {
+            assert_eq!(&to(&plan, gvr), want, "{gvr}");
+        }
+        assert_eq!(plan.clusters.len(), 1);
+        assert_eq!(plan.clusters[0].peer_ids, vec!["peer-133".to_string()]);
+        assert_eq!(plan.config.local_apiserver, "local-130");
+        assert_eq!(plan.config.schema, SCHEMA_VERSION);
+
+        // Every key served by either side is listed, local ones with local: true.
+        let local = load(K130);
+        let peer133 = load(K133);
+        let listed: usize = plan
+            .config
+            .group_versions
+            .iter()
+            .map(|gv| gv.resources.len())
+            .sum();
+        let mut union = local.clone();
+        union.merge(peer133);
+        let union_keys: usize = union.iter().map(|(_, _, keys)| keys.len()).sum();
+        assert_eq!(listed, union_keys);
+        for (g, v, keys) in local.iter() {
+            for key in keys {
+                let gvr = format!("{g}/{v}/{key}");
+                assert_eq!(to(&plan, &gvr), To::Local, "{gvr}");
+            }
+        }
+    }
+
+    #[test]
+    fn local_133_with_peer_130_is_the_mirror() {
+        let plan = build(
+            &load(K133),
+            "local-133",
+            &[peer("a", load(K130))],
+            &BTreeSet::new(),
+        );
+        check_invariants(&plan);
+        let a = peers_of(&["a"]);
+        let cases = [
+            ("resource.k8s.io/v1alpha2/resourceclaims", &a),
+            ("resource.k8s.io/v1beta2/resourceclaims", &To::Local),
+            ("flowcontrol.apiserver.k8s.io/v1beta3/flowschemas", &a),
+            ("/v1/pods/resize", &To::Local),
+        ];
+        for (gvr, want) in cases {
+            assert_eq!(&to(&plan, gvr), want, "{gvr}");
+        }
+    }
+
+    #[test]
+    fn peers_serving_the_same_keys_share_a_stable_cluster() {
+        let local = synthetic(&[("apps", "v1", "deployments")]);
+        let peers = [
+            peer(
+                "b",
+                synthetic(&[("x.io", "v1", "widgets"), ("y.io", "v1", "gadgets")]),
+            ),
+            peer(
+                "a",
+                synthetic(&[("x.io", "v1", "widgets"), ("z.io", "v1", "things")]),
+            ),
+            peer("c", synthetic(&[("y.io", "v1", "gadgets")])),
+        ];
+        let plan = build(&local, "local", &peers, &BTreeSet::new());
+        check_invariants(&plan);
+        let cases = [
+            ("apps/v1/deployments", To::Local),
+            ("x.io/v1/widgets", peers_of(&["a", "b"])),
+            ("y.io/v1/gadgets", peers_of(&["b", "c"])),
+            ("z.io/v1/things", peers_of(&["a"])),
+        ];
+        for (gvr, want) in cases {
+            assert_eq!(to(&plan, gvr), want, "{gvr}");
+        }
+        assert_eq!(plan.clusters.len(), 3);
+
+        // Stable: independent of peer order, and pinned for a known set.
+        let mut reversed = peers.to_vec();
+        reversed.reverse();
+        assert_eq!(build(&local, "local", &reversed, &BTreeSet::new()), plan);
+        assert_eq!(
+            peer_cluster_name(&["b", "a"]),
+            peer_cluster_name(&["a", "b"])
+        );
+        // sha256("a") = ca978112ca1b..., sha256("a\nb") = 7e18f737311b... (`sha256sum`).
+        assert_eq!(peer_cluster_name(&["a"]), "skewgate-peers-ca978112ca1b");
+        let ab = peer_cluster_name(&["a", "b"]);
+        assert_eq!(ab, "skewgate-peers-7e18f737311b");
+        assert_eq!(peer_cluster_name(&["b", "a", "b"]), ab);
+        assert_eq!(
+            route(&plan, "x.io/v1/widgets").and_then(|r| r.peer_cluster.clone()),
+            Some(ab)
+        );
+    }
+
+    #[test]
+    fn shared_storage_group_versions_stay_local() {
+        let local = synthetic(&[("apps", "v1", "deployments"), ("crd.io", "v1", "widgets")]);
+        let peers = [peer(
+            "a",
+            synthetic(&[("crd.io", "v1", "widgets"), ("crd.io", "v2", "widgets")]),
+        )];
+        let shared: BTreeSet<(String, String)> = [
+            ("crd.io".to_string(), "v1".to_string()),
+            ("crd.io".to_string(), "v2".to_string()),
+            ("gone.io".to_string(), "v1".to_string()),
+        ]
+        .into();
+        let plan = build(&local, "local", &peers, &shared);
+        check_invariants(&plan);
+        let gvs: Vec<_> = plan
+            .config
+            .group_versions
+            .iter()
+            .map(|gv| {
+                (
+                    gv.group.as_str(),
+                    gv.version.as_str(),
+                    gv.shared_storage,
+                    gv.resources.len(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            gvs,
+            vec![
+                ("apps", "v1", false, 1),
+                ("crd.io", "v1", true, 0),
+                ("crd.io", "v2", true, 0)
+            ]
+        );
+        assert!(plan.clusters.is_empty(), "no route references a cluster");
+        assert!(plan.config.peer_clusters.is_empty());
+    }
+
+    #[test]
+    fn edge_cases() {
+        let local = synthetic(&[("", "v1", "pods")]);
+        // No peers: everything local, no clusters.
+        let plan = build(&local, "local", &[], &BTreeSet::new());
+        check_invariants(&plan);
+        assert!(plan.clusters.is_empty());
+        assert_eq!(to(&plan, "/v1/pods"), To::Local);
+
+        // The local apiserver listed among the peers is ignored; duplicate peers merge.
+        let peers = [
+            peer("local", synthetic(&[("", "v1", "pods/resize")])),
+            peer("a", synthetic(&[("", "v1", "pods/resize")])),
+            peer("a", synthetic(&[("", "v1", "pods/ephemeralcontainers")])),
+        ];
+        let plan = build(&local, "local", &peers, &BTreeSet::new());
+        check_invariants(&plan);
+        assert_eq!(to(&plan, "/v1/pods/resize"), peers_of(&["a"]));
+        assert_eq!(to(&plan, "/v1/pods/ephemeralcontainers"), peers_of(&["a"]));
+        assert_eq!(plan.clusters.len(), 1);
+
+        // A group-version served with no resources (a stale aggregated API) is still listed.
+        let mut empty_gv = ServedApis::new();
+        empty_gv
+            .add_group_version("metrics.k8s.io", "v1beta1")
+            .expect("valid");
+        let plan = build(&empty_gv, "local", &[], &BTreeSet::new());
+        check_invariants(&plan);
+        assert_eq!(plan.config.group_versions.len(), 1);
+    }
+}

@@ -1,0 +1,300 @@
+//! The filter-configuration schema: the one contract between `control` (which renders it) and the
+//! filter (which reads it).
+//!
+//! It travels as JSON inside Envoy's Wasm `plugin_config.configuration`. It is parsed straight
+//! into typed structs (no `serde_json::Value`: every push is parsed by every VM, and wasm memory
+//! never shrinks), then validated and compiled into a [`RoutingTable`](crate::routing::RoutingTable).
+//! A document that does not parse or validate is rejected whole; the filter keeps its last good
+//! configuration (Envoy NACKs the push).
+//!
+//! The routing decisions are precomputed by the control plane, which knows peer liveness: the
+//! filter never reasons about peers, it only looks up which cluster serves a resource.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+/// The only schema version this filter reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Upper bound on one configuration document, in bytes. The routing table of a cluster with a
+/// few thousand CRD resources is well under 1 MiB; past this we refuse rather than let every
+/// Envoy worker VM grow its (never shrinking) memory.
+pub const MAX_CONFIG_BYTES: usize = 8 * 1024 * 1024;
+
+/// Longest cluster name we accept; Envoy's own limit is far above, this keeps headers small.
+const MAX_CLUSTER_NAME: usize = 200;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilterConfig {
+    /// Must equal [`SCHEMA_VERSION`].
+    pub schema: u32,
+    /// Identity of the local apiserver (its Lease name); for logs.
+    pub local_apiserver: String,
+    /// Every Envoy cluster the filter may route to, with the peer apiservers behind it.
+    /// Clusters are created by the control plane (or the static bootstrap) under these names.
+    #[serde(default)]
+    pub peer_clusters: BTreeMap<String, Vec<String>>,
+    /// What is served where, per group-version.
+    #[serde(default)]
+    pub group_versions: Vec<GroupVersionRoutes>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupVersionRoutes {
+    /// API group; `""` is the core group (`/api/v1`).
+    pub group: String,
+    pub version: String,
+    /// Served by every apiserver from shared storage (a CRD, or an APIService backed by a
+    /// service): requests always go to the local apiserver, as upstream excludes these too.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shared_storage: bool,
+    #[serde(default)]
+    pub resources: Vec<ResourceRoute>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceRoute {
+    /// `resource` or `resource/subresource`, as discovery names them (`pods`, `pods/resize`).
+    pub resource: String,
+    /// The local apiserver serves it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub local: bool,
+    /// A key of [`FilterConfig::peer_clusters`] whose peers serve it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_cluster: Option<String>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// Why a configuration was refused. The message names the offending entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    TooLarge { bytes: usize },
+    Json(String),
+    Schema { found: u32 },
+    Invalid(String),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::TooLarge { bytes } => write!(
+                f,
+                "configuration is {bytes} bytes, more than the {MAX_CONFIG_BYTES} allowed"
+            ),
+            ConfigError::Json(e) => write!(f, "configuration is not valid JSON: {e}"),
+            ConfigError::Schema { found } => write!(
+                f,
+                "configuration schema {found} is not supported (this filter reads {SCHEMA_VERSION})"
+            ),
+            ConfigError::Invalid(why) => write!(f, "configuration is invalid: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl FilterConfig {
+    /// Parse and validate. Nothing partial ever comes out of here.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
+        if bytes.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge { bytes: bytes.len() });
+        }
+        let config: FilterConfig =
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Canonical JSON (deterministic: maps are ordered, lists keep the order control gave them).
+    pub fn to_json(&self) -> String {
+        // Serialising plain structs and string maps cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.schema != SCHEMA_VERSION {
+            return Err(ConfigError::Schema { found: self.schema });
+        }
+        for (name, peers) in &self.peer_clusters {
+            if !valid_cluster_name(name) {
+                return Err(ConfigError::Invalid(format!(
+                    "peer cluster name {name:?} must be 1-{MAX_CLUSTER_NAME} visible ASCII characters"
+                )));
+            }
+            if peers.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "peer cluster {name:?} has no apiservers"
+                )));
+            }
+        }
+        let mut seen_gv = BTreeSet::new();
+        for gv in &self.group_versions {
+            if gv.version.is_empty() || !valid_segment(&gv.version) {
+                return Err(ConfigError::Invalid(format!(
+                    "group {:?} has an invalid version {:?}",
+                    gv.group, gv.version
+                )));
+            }
+            if !gv.group.is_empty() && !valid_segment(&gv.group) {
+                return Err(ConfigError::Invalid(format!(
+                    "invalid group name {:?}",
+                    gv.group
+                )));
+            }
+            if !seen_gv.insert((gv.group.as_str(), gv.version.as_str())) {
+                return Err(ConfigError::Invalid(format!(
+                    "group-version {:?}/{:?} is listed twice",
+                    gv.group, gv.version
+                )));
+            }
+            let mut seen_resource = BTreeSet::new();
+            for r in &gv.resources {
+                let ok = match r.resource.split_once('/') {
+                    Some((res, sub)) => valid_segment(res) && valid_segment(sub),
+                    None => valid_segment(&r.resource),
+                };
+                if !ok {
+                    return Err(ConfigError::Invalid(format!(
+                        "{}/{}: invalid resource {:?}",
+                        gv.group, gv.version, r.resource
+                    )));
+                }
+                if !seen_resource.insert(r.resource.as_str()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "{}/{}: resource {:?} is listed twice",
+                        gv.group, gv.version, r.resource
+                    )));
+                }
+                match &r.peer_cluster {
+                    Some(c) if !self.peer_clusters.contains_key(c) => {
+                        return Err(ConfigError::Invalid(format!(
+                            "{}/{}/{}: peer cluster {c:?} is not declared",
+                            gv.group, gv.version, r.resource
+                        )));
+                    }
+                    None if !r.local => {
+                        return Err(ConfigError::Invalid(format!(
+                            "{}/{}/{}: served neither locally nor by a peer",
+                            gv.group, gv.version, r.resource
+                        )));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn valid_cluster_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_CLUSTER_NAME && name.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// A path segment discovery could name: non-empty, no `/`, no whitespace or control bytes.
+fn valid_segment(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && !s.contains('/')
+        && s.chars().all(|c| !c.is_whitespace() && !c.is_control())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> FilterConfig {
+        FilterConfig {
+            schema: SCHEMA_VERSION,
+            local_apiserver: "apiserver-a".into(),
+            peer_clusters: BTreeMap::from([(
+                "skewgate-peers-b".to_string(),
+                vec!["apiserver-b".to_string()],
+            )]),
+            group_versions: vec![GroupVersionRoutes {
+                group: "resource.k8s.io".into(),
+                version: "v1beta2".into(),
+                shared_storage: false,
+                resources: vec![ResourceRoute {
+                    resource: "resourceclaims".into(),
+                    local: false,
+                    peer_cluster: Some("skewgate-peers-b".into()),
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let c = sample();
+        let parsed = FilterConfig::from_json(c.to_json().as_bytes());
+        assert_eq!(parsed, Ok(c));
+    }
+
+    #[test]
+    fn rejects_bad_documents_whole() {
+        let undeclared = sample().to_json().replace(
+            "\"peer_cluster\":\"skewgate-peers-b\"",
+            "\"peer_cluster\":\"nope\"",
+        );
+        let cases: Vec<(&str, String)> = vec![
+            ("not json", "{".into()),
+            (
+                "wrong schema",
+                sample().to_json().replace("\"schema\":1", "\"schema\":2"),
+            ),
+            (
+                "unknown field",
+                sample()
+                    .to_json()
+                    .replace("\"schema\":1", "\"schema\":1,\"x\":1"),
+            ),
+            ("undeclared cluster", undeclared),
+            (
+                "routes nowhere",
+                sample()
+                    .to_json()
+                    .replace(",\"peer_cluster\":\"skewgate-peers-b\"", ""),
+            ),
+            (
+                "slash in resource",
+                sample().to_json().replace("resourceclaims", "a/b/c"),
+            ),
+            ("empty version", sample().to_json().replace("v1beta2", "")),
+        ];
+        for (what, doc) in cases {
+            assert!(
+                FilterConfig::from_json(doc.as_bytes()).is_err(),
+                "{what} should be rejected: {doc}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_duplicates() {
+        let mut c = sample();
+        let gv = c.group_versions[0].clone();
+        c.group_versions.push(gv);
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid(_))));
+
+        let mut c = sample();
+        let r = c.group_versions[0].resources[0].clone();
+        c.group_versions[0].resources.push(r);
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid(_))));
+    }
+
+    #[test]
+    fn rejects_oversized() {
+        let big = vec![b' '; MAX_CONFIG_BYTES + 1];
+        assert!(matches!(
+            FilterConfig::from_json(&big),
+            Err(ConfigError::TooLarge { .. })
+        ));
+    }
+}

@@ -1,0 +1,134 @@
+//! What to do with a reply Envoy generated itself (DESIGN.md step 9).
+//!
+//! Envoy answers with plain text when it cannot reach an upstream ("upstream connect error or
+//! disconnect/reset before headers..."). kube clients expect a `metav1.Status`; and for a request
+//! we routed to a peer, a 404 or a 502 would be read as "gone" or as a bug. So: every reply Envoy
+//! produced gets a Status body, and a peer that cannot answer is always 503 ServiceUnavailable,
+//! which clients and controllers treat as retryable.
+
+use crate::status;
+
+/// Envoy's `response.code_details` for a response that came from the upstream.
+pub const VIA_UPSTREAM: &str = "via_upstream";
+
+/// The replacement for an Envoy-generated reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rewrite {
+    pub code: u16,
+    /// A complete `metav1.Status` JSON document.
+    pub body: String,
+}
+
+/// Where the request had been routed, as far as the reply mapping cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoutedTo<'a> {
+    Local,
+    /// `target` names what was asked for (`resource.k8s.io/v1beta2, Resource=resourceclaims`).
+    Peer {
+        target: &'a str,
+    },
+}
+
+/// `code` is the reply's status; `details` Envoy's `response.code_details`.
+/// `None` means the reply came from an apiserver and passes untouched.
+pub fn rewrite(routed: RoutedTo<'_>, code: u16, details: &str) -> Option<Rewrite> {
+    if details == VIA_UPSTREAM || details.is_empty() || code < 400 {
+        return None;
+    }
+    match routed {
+        RoutedTo::Peer { target } if is_upstream_failure(code) => {
+            let message = format!(
+                "the peer apiserver serving {target} could not be reached ({details}); \
+                 the request was not handled, retry it"
+            );
+            Some(Rewrite {
+                code: 503,
+                body: status::failure(503, &message),
+            })
+        }
+        RoutedTo::Local if is_upstream_failure(code) => Some(Rewrite {
+            code,
+            body: status::failure(
+                code,
+                &format!("the apiserver could not be reached ({details})"),
+            ),
+        }),
+        _ => Some(Rewrite {
+            code,
+            body: status::failure(code, &format!("rejected by the proxy ({details})")),
+        }),
+    }
+}
+
+/// Codes Envoy uses when the upstream did not answer: reset, refused, TLS failure (502/503),
+/// and timeout before response headers (504).
+fn is_upstream_failure(code: u16) -> bool {
+    matches!(code, 502..=504)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn maps_envoy_replies() {
+        let peer = RoutedTo::Peer {
+            target: "resource.k8s.io/v1beta2, Resource=resourceclaims",
+        };
+        let refused = "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}";
+        // (routed, code, details, expected code or None)
+        let cases: Vec<(RoutedTo, u16, &str, Option<u16>)> = vec![
+            // Apiserver answers pass, whatever they are.
+            (peer, 503, VIA_UPSTREAM, None),
+            (peer, 404, VIA_UPSTREAM, None),
+            (RoutedTo::Local, 500, VIA_UPSTREAM, None),
+            (peer, 200, VIA_UPSTREAM, None),
+            // Peer unreachable in any way: 503.
+            (peer, 503, refused, Some(503)),
+            (peer, 503, "no_healthy_upstream", Some(503)),
+            (peer, 502, "upstream_reset_before_response_started{connection_termination}", Some(503)),
+            (peer, 503, "upstream_reset_before_response_started{connection_failure,TLS_error:_CERTIFICATE_VERIFY_FAILED}", Some(503)),
+            (peer, 504, "upstream_response_timeout", Some(503)),
+            // Local failures keep their code, with a Status body.
+            (RoutedTo::Local, 503, refused, Some(503)),
+            (RoutedTo::Local, 504, "upstream_response_timeout", Some(504)),
+            // Other Envoy replies keep their code too.
+            (RoutedTo::Local, 431, "request_headers_too_large", Some(431)),
+            (RoutedTo::Local, 400, "http1.codec_error", Some(400)),
+            (peer, 413, "request_payload_too_large", Some(413)),
+            // No details known: leave it alone rather than guess.
+            (peer, 503, "", None),
+            (RoutedTo::Local, 101, "upgrade", None),
+        ];
+        for (routed, code, details, want) in cases {
+            let got = rewrite(routed, code, details);
+            assert_eq!(
+                got.as_ref().map(|r| r.code),
+                want,
+                "{routed:?} {code} {details}"
+            );
+            if let Some(r) = got {
+                let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+                assert_eq!(v["kind"], "Status");
+                assert_eq!(v["code"], r.code);
+                assert_eq!(v["reason"], status::reason_for(r.code));
+            }
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn peer_message_names_the_resource() {
+        let r = rewrite(
+            RoutedTo::Peer {
+                target: "g/v, Resource=r",
+            },
+            503,
+            "no_healthy_upstream",
+        );
+        let r = r.unwrap();
+        assert!(r.body.contains("g/v, Resource=r"), "{}", r.body);
+        assert!(r.body.contains("\"reason\":\"ServiceUnavailable\""));
+    }
+}

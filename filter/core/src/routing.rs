@@ -1,0 +1,454 @@
+//! Where a request goes: the local apiserver or a peer cluster (DESIGN.md "Request path",
+//! steps 4-8).
+//!
+//! The configuration is compiled once per push into nested maps keyed by `&str`, so a request
+//! costs a parse and at most four hash lookups, with no allocation beyond the parse.
+
+use std::collections::HashMap;
+
+use crate::config::FilterConfig;
+use crate::request_info::{self, RequestInfo};
+
+/// Where the request is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upstream<'a> {
+    /// The apiserver this Envoy fronts (the route's default cluster).
+    Local,
+    /// An Envoy cluster whose endpoints are the peer apiservers serving the resource.
+    Peer { cluster: &'a str },
+}
+
+/// Why: for logs and metrics, and so tests can assert the rule that fired, not just the result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// `/healthz`, `/version`, discovery documents, `/openapi/...`.
+    NonResourceRequest,
+    /// kube-apiserver would refuse it too (bad escape, `watch` with nothing after it); the
+    /// local apiserver answers with its own error.
+    Unparseable,
+    ServedLocally,
+    /// A CRD or service-backed APIService group-version: every apiserver serves it from
+    /// shared storage, so upstream never proxies it and neither do we.
+    SharedStorage,
+    ServedByPeer,
+    /// Nobody serves it; the local 404 is the truth.
+    ServedByNobody,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision<'a> {
+    pub upstream: Upstream<'a>,
+    pub reason: Reason,
+}
+
+impl Decision<'_> {
+    const fn local(reason: Reason) -> Self {
+        Decision {
+            upstream: Upstream::Local,
+            reason,
+        }
+    }
+}
+
+/// Who serves one resource key.
+#[derive(Debug, Clone, Copy, Default)]
+struct Served {
+    local: bool,
+    /// Index into [`RoutingTable::clusters`].
+    peer: Option<usize>,
+}
+
+#[derive(Debug, Default)]
+struct ResourceEntry {
+    served: Served,
+    subresources: HashMap<String, Served>,
+}
+
+#[derive(Debug)]
+enum GroupVersionEntry {
+    SharedStorage,
+    Resources(HashMap<String, ResourceEntry>),
+}
+
+/// The compiled, request-time form of a [`FilterConfig`].
+#[derive(Debug, Default)]
+pub struct RoutingTable {
+    local_apiserver: String,
+    clusters: Vec<String>,
+    groups: HashMap<String, HashMap<String, GroupVersionEntry>>,
+}
+
+impl RoutingTable {
+    /// Compile a validated configuration. (Validation guarantees every referenced cluster
+    /// exists; an unknown one would simply never route.)
+    pub fn compile(config: &FilterConfig) -> Self {
+        let clusters: Vec<String> = config.peer_clusters.keys().cloned().collect();
+        let cluster_index = |name: &str| clusters.iter().position(|c| c == name);
+        let mut groups: HashMap<String, HashMap<String, GroupVersionEntry>> = HashMap::new();
+        for gv in &config.group_versions {
+            let entry = if gv.shared_storage {
+                GroupVersionEntry::SharedStorage
+            } else {
+                let mut resources: HashMap<String, ResourceEntry> = HashMap::new();
+                for r in &gv.resources {
+                    let served = Served {
+                        local: r.local,
+                        peer: r.peer_cluster.as_deref().and_then(cluster_index),
+                    };
+                    match r.resource.split_once('/') {
+                        Some((res, sub)) => {
+                            resources
+                                .entry(res.to_string())
+                                .or_default()
+                                .subresources
+                                .insert(sub.to_string(), served);
+                        }
+                        None => {
+                            resources.entry(r.resource.clone()).or_default().served = served;
+                        }
+                    }
+                }
+                GroupVersionEntry::Resources(resources)
+            };
+            groups
+                .entry(gv.group.clone())
+                .or_default()
+                .insert(gv.version.clone(), entry);
+        }
+        RoutingTable {
+            local_apiserver: config.local_apiserver.clone(),
+            clusters,
+            groups,
+        }
+    }
+
+    pub fn local_apiserver(&self) -> &str {
+        &self.local_apiserver
+    }
+
+    /// Parse the request like kube-apiserver and decide.
+    pub fn route(&self, method: &str, path_and_query: &str) -> (Option<RequestInfo>, Decision<'_>) {
+        match request_info::parse(method, path_and_query) {
+            Ok(info) => {
+                let decision = self.decide(&info);
+                (Some(info), decision)
+            }
+            Err(_) => (None, Decision::local(Reason::Unparseable)),
+        }
+    }
+
+    pub fn decide(&self, info: &RequestInfo) -> Decision<'_> {
+        if !info.is_resource_request {
+            return Decision::local(Reason::NonResourceRequest);
+        }
+        let Some(gv) = self
+            .groups
+            .get(info.api_group.as_str())
+            .and_then(|versions| versions.get(info.api_version.as_str()))
+        else {
+            return Decision::local(Reason::ServedByNobody);
+        };
+        let resources = match gv {
+            GroupVersionEntry::SharedStorage => return Decision::local(Reason::SharedStorage),
+            GroupVersionEntry::Resources(resources) => resources,
+        };
+        let Some(resource) = resources.get(info.resource.as_str()) else {
+            return Decision::local(Reason::ServedByNobody);
+        };
+        // The subresource decides first: core/v1 grows by subresources (`pods/resize`), which
+        // upstream, looking at the resource only, would send to an apiserver that 404s them.
+        if !info.subresource.is_empty() {
+            if let Some(decision) = resource
+                .subresources
+                .get(info.subresource.as_str())
+                .and_then(|served| self.target(*served))
+            {
+                return decision;
+            }
+        }
+        // No entry for the subresource (discovery does not list every one, e.g. `pods/proxy`
+        // on old servers): whoever serves the resource handles it.
+        self.target(resource.served)
+            .unwrap_or(Decision::local(Reason::ServedByNobody))
+    }
+
+    fn target(&self, served: Served) -> Option<Decision<'_>> {
+        if served.local {
+            return Some(Decision::local(Reason::ServedLocally));
+        }
+        let cluster = self.clusters.get(served.peer?)?;
+        Some(Decision {
+            upstream: Upstream::Peer { cluster },
+            reason: Reason::ServedByPeer,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{GroupVersionRoutes, ResourceRoute, SCHEMA_VERSION};
+    use std::collections::BTreeMap;
+
+    fn route(resource: &str, local: bool, peer: Option<&str>) -> ResourceRoute {
+        ResourceRoute {
+            resource: resource.into(),
+            local,
+            peer_cluster: peer.map(str::to_string),
+        }
+    }
+
+    fn gv(group: &str, version: &str, resources: Vec<ResourceRoute>) -> GroupVersionRoutes {
+        GroupVersionRoutes {
+            group: group.into(),
+            version: version.into(),
+            shared_storage: false,
+            resources,
+        }
+    }
+
+    /// A 1.30 local apiserver with a 1.33 peer (cluster "p133") and a second peer set.
+    fn table() -> RoutingTable {
+        let config = FilterConfig {
+            schema: SCHEMA_VERSION,
+            local_apiserver: "apiserver-a".into(),
+            peer_clusters: BTreeMap::from([
+                ("p133".to_string(), vec!["apiserver-b".to_string()]),
+                (
+                    "pboth".to_string(),
+                    vec!["apiserver-b".to_string(), "apiserver-c".to_string()],
+                ),
+            ]),
+            group_versions: vec![
+                gv(
+                    "",
+                    "v1",
+                    vec![
+                        route("pods", true, None),
+                        route("pods/status", true, None),
+                        route("pods/resize", false, Some("p133")),
+                        route("namespaces", true, None),
+                        route("namespaces/finalize", true, None),
+                    ],
+                ),
+                gv("apps", "v1", vec![route("deployments", true, None)]),
+                gv(
+                    "resource.k8s.io",
+                    "v1beta2",
+                    vec![
+                        route("resourceclaims", false, Some("pboth")),
+                        route("resourceclaims/status", false, Some("pboth")),
+                    ],
+                ),
+                gv(
+                    "admissionregistration.k8s.io",
+                    "v1alpha1",
+                    vec![
+                        route("validatingadmissionpolicies", true, None),
+                        route("mutatingadmissionpolicies", false, Some("p133")),
+                    ],
+                ),
+                GroupVersionRoutes {
+                    group: "stable.example.com".into(),
+                    version: "v1".into(),
+                    shared_storage: true,
+                    resources: vec![],
+                },
+                // A peer-only subresource of a resource nobody else lists (defensive).
+                gv(
+                    "odd.example.com",
+                    "v1",
+                    vec![route("things/scale", false, Some("p133"))],
+                ),
+            ],
+        };
+        config.validate().unwrap();
+        RoutingTable::compile(&config)
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn decides_like_design_md() {
+        use Reason::*;
+        let peer = |cluster| Upstream::Peer { cluster };
+        let local = Upstream::Local;
+        let t = table();
+        let cases: Vec<(&str, &str, Upstream, Reason)> = vec![
+            // Non-resource paths and discovery go local.
+            ("GET", "/healthz", local, NonResourceRequest),
+            ("GET", "/version", local, NonResourceRequest),
+            ("GET", "/apis", local, NonResourceRequest),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta2",
+                local,
+                NonResourceRequest,
+            ),
+            ("GET", "/api/v1", local, NonResourceRequest),
+            // Served locally.
+            ("GET", "/api/v1/pods", local, ServedLocally),
+            ("GET", "/api/v1/namespaces/ns/pods/p", local, ServedLocally),
+            (
+                "GET",
+                "/api/v1/namespaces/ns/pods/p/status",
+                local,
+                ServedLocally,
+            ),
+            (
+                "PUT",
+                "/api/v1/namespaces/ns/finalize",
+                local,
+                ServedLocally,
+            ),
+            (
+                "GET",
+                "/apis/apps/v1/watch/namespaces/ns/deployments",
+                local,
+                ServedLocally,
+            ),
+            // Subresource only a peer serves.
+            (
+                "PATCH",
+                "/api/v1/namespaces/ns/pods/p/resize",
+                peer("p133"),
+                ServedByPeer,
+            ),
+            // Subresource nobody lists: whoever serves the resource.
+            (
+                "GET",
+                "/api/v1/namespaces/ns/pods/p/log",
+                local,
+                ServedLocally,
+            ),
+            (
+                "POST",
+                "/api/v1/namespaces/ns/pods/p/exec",
+                local,
+                ServedLocally,
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta2/namespaces/ns/resourceclaims/c/unknown",
+                peer("pboth"),
+                ServedByPeer,
+            ),
+            // Peer-only resources, any verb and shape.
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta2/resourceclaims",
+                peer("pboth"),
+                ServedByPeer,
+            ),
+            (
+                "POST",
+                "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims",
+                peer("pboth"),
+                ServedByPeer,
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims?watch=true",
+                peer("pboth"),
+                ServedByPeer,
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta2/watch/resourceclaims",
+                peer("pboth"),
+                ServedByPeer,
+            ),
+            (
+                "PUT",
+                "/apis/resource.k8s.io/v1beta2/namespaces/d/resourceclaims/c/status",
+                peer("pboth"),
+                ServedByPeer,
+            ),
+            (
+                "DELETE",
+                "/apis/resource.k8s.io/v1beta2/namespaces/d/resourceclaims",
+                peer("pboth"),
+                ServedByPeer,
+            ),
+            // Same GV, different resources on each side.
+            (
+                "GET",
+                "/apis/admissionregistration.k8s.io/v1alpha1/validatingadmissionpolicies",
+                local,
+                ServedLocally,
+            ),
+            (
+                "GET",
+                "/apis/admissionregistration.k8s.io/v1alpha1/mutatingadmissionpolicies",
+                peer("p133"),
+                ServedByPeer,
+            ),
+            // Shared storage is never proxied.
+            (
+                "GET",
+                "/apis/stable.example.com/v1/widgets",
+                local,
+                SharedStorage,
+            ),
+            // Nobody serves it: the local 404 is the truth.
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1/resourceclaims",
+                local,
+                ServedByNobody,
+            ),
+            (
+                "GET",
+                "/apis/nope.example.com/v1/things",
+                local,
+                ServedByNobody,
+            ),
+            ("GET", "/apis/apps/v1/replicasets", local, ServedByNobody),
+            (
+                "GET",
+                "/apis/odd.example.com/v1/things",
+                local,
+                ServedByNobody,
+            ),
+            (
+                "GET",
+                "/apis/odd.example.com/v1/namespaces/n/things/t/scale",
+                peer("p133"),
+                ServedByPeer,
+            ),
+            (
+                "GET",
+                "/apis/odd.example.com/v1/namespaces/n/things/t/status",
+                local,
+                ServedByNobody,
+            ),
+            // Percent-encoded path routes like its decoded form, as Go decodes URL.Path.
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta2/resource%63laims",
+                peer("pboth"),
+                ServedByPeer,
+            ),
+            // Unparseable requests go local, which answers with kube's own error.
+            ("GET", "/api/v1/watch", local, Unparseable),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta2/%zz",
+                local,
+                Unparseable,
+            ),
+        ];
+        for (method, path, upstream, reason) in cases {
+            let (_, d) = t.route(method, path);
+            assert_eq!(d, Decision { upstream, reason }, "{method} {path}");
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn empty_table_sends_everything_local() {
+        let t = RoutingTable::default();
+        for path in ["/api/v1/pods", "/apis/x/v1/y", "/", ""] {
+            assert_eq!(t.route("GET", path).1.upstream, Upstream::Local, "{path}");
+        }
+    }
+}

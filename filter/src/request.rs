@@ -1,0 +1,157 @@
+//! One HTTP request through the filter (DESIGN.md "Request path", steps 1 and 4-9).
+
+use std::rc::Rc;
+
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+use skewgate_core::hygiene::{self, PEER_PROXIED, UPSTREAM_CLUSTER};
+use skewgate_core::local_reply::{self, RoutedTo};
+use skewgate_core::routing::{RoutingTable, Upstream};
+use skewgate_core::status;
+
+use crate::host;
+
+pub struct Request {
+    table: Rc<RoutingTable>,
+    /// What a peer-bound request asked for, for the 503 message; `None` when routed locally.
+    peer_target: Option<String>,
+    /// The Status body replacing an Envoy-generated reply, written once the body arrives.
+    replacement_body: Option<String>,
+}
+
+impl Request {
+    pub fn new(table: Rc<RoutingTable>) -> Self {
+        Request {
+            table,
+            peer_target: None,
+            replacement_body: None,
+        }
+    }
+
+    /// Steps 1 and 4-8. Errors from the host are logged and the request fails closed with a
+    /// 503 Status: a request we could not sanitise must not reach an apiserver.
+    fn route_request(&mut self) -> Result<(), proxy_wasm::types::Status> {
+        let headers = host::request_headers()?;
+
+        // Step 1: strip every header a client must not control, before anything else.
+        let forbidden = hygiene::forbidden_names(headers.iter().map(|(n, _)| n.as_str()));
+        let mut route_header_removed = false;
+        for name in &forbidden {
+            host::remove_request_header(name)?;
+            route_header_removed |= name.eq_ignore_ascii_case(UPSTREAM_CLUSTER);
+        }
+        if !forbidden.is_empty() {
+            log::debug!("skewgate: removed client headers {forbidden:?}");
+        }
+
+        let pseudo = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| String::from_utf8_lossy(v))
+        };
+        let method = pseudo(":method").unwrap_or_default();
+        let path = pseudo(":path").unwrap_or_default();
+
+        // Steps 4-8.
+        let (info, decision) = self.table.route(&method, &path);
+        log::debug!("skewgate: {method} {path} -> {decision:?}");
+        match decision.upstream {
+            Upstream::Local => {
+                if route_header_removed {
+                    host::clear_route_cache()?;
+                }
+            }
+            Upstream::Peer { cluster } => {
+                host::set_request_header(UPSTREAM_CLUSTER, cluster)?;
+                // The loop guard: the peer apiserver must serve this itself, never re-proxy.
+                host::set_request_header(PEER_PROXIED, "true")?;
+                host::clear_route_cache()?;
+                self.peer_target = info.map(|i| {
+                    let gv = if i.api_group.is_empty() {
+                        i.api_version
+                    } else {
+                        format!("{}/{}", i.api_group, i.api_version)
+                    };
+                    let resource = if i.subresource.is_empty() {
+                        i.resource
+                    } else {
+                        format!("{}/{}", i.resource, i.subresource)
+                    };
+                    format!("{gv}, Resource={resource}")
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 9: give Envoy's own replies a Status body, and make an unreachable peer a 503.
+    fn map_response(&mut self) -> Result<(), proxy_wasm::types::Status> {
+        let code = host::response_header(":status")?
+            .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u16>().ok())
+            .unwrap_or(0);
+        if code < 400 {
+            return Ok(());
+        }
+        let details = host::property(&["response", "code_details"])?
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default();
+        let routed = match &self.peer_target {
+            Some(target) => RoutedTo::Peer { target },
+            None => RoutedTo::Local,
+        };
+        if let Some(rewrite) = local_reply::rewrite(routed, code, &details) {
+            log::info!(
+                "skewgate: Envoy replied {code} ({details}); answering {} with a Status",
+                rewrite.code
+            );
+            host::set_response_header(":status", &rewrite.code.to_string())?;
+            host::set_response_header("content-type", status::CONTENT_TYPE)?;
+            host::remove_response_header("content-length")?;
+            self.replacement_body = Some(rewrite.body);
+        }
+        Ok(())
+    }
+}
+
+impl Context for Request {}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        match self.route_request() {
+            Ok(()) => Action::Continue,
+            Err(e) => {
+                log::error!("skewgate: host call failed while routing: {e:?}");
+                let body = status::failure(503, "the proxy could not process the request");
+                // If even this fails there is nothing left to do but stop the request.
+                let _ = proxy_wasm::hostcalls::send_http_response(
+                    503,
+                    vec![("content-type", status::CONTENT_TYPE)],
+                    Some(body.as_bytes()),
+                );
+                Action::Pause
+            }
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if let Err(e) = self.map_response() {
+            log::error!("skewgate: host call failed while mapping a reply: {e:?}");
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(body) = &self.replacement_body else {
+            return Action::Continue;
+        };
+        if !end_of_stream {
+            // Buffer Envoy's text until it is complete, then replace it whole.
+            return Action::Pause;
+        }
+        if let Err(e) = host::replace_response_body(body_size, body.as_bytes()) {
+            log::error!("skewgate: replacing the reply body failed: {e:?}");
+        }
+        Action::Continue
+    }
+}

@@ -1,0 +1,66 @@
+//! The root context: one per VM and configuration. Receives the configuration, compiles it, and
+//! hands the compiled table to every request.
+
+use std::rc::Rc;
+
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::ContextType;
+use skewgate_core::config::FilterConfig;
+use skewgate_core::routing::RoutingTable;
+
+use crate::host;
+use crate::request::Request;
+
+#[derive(Default)]
+pub struct Root {
+    /// `None` until a configuration has been accepted; Envoy does not create HTTP contexts for
+    /// a plugin whose `on_configure` failed, so requests never see `None`.
+    table: Option<Rc<RoutingTable>>,
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    /// Runs once per VM for every configuration pushed (concurrency + 2 times): keep it a
+    /// typed parse and a compile, nothing more. Returning false makes Envoy reject the config
+    /// (a NACK over xDS) and keep the previous one.
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        let bytes = match host::plugin_configuration() {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => {
+                log::error!("skewgate: no configuration given; refusing to start");
+                return false;
+            }
+            Err(status) => {
+                log::error!("skewgate: reading the configuration failed: {status:?}");
+                return false;
+            }
+        };
+        match FilterConfig::from_json(&bytes) {
+            Ok(config) => {
+                let table = RoutingTable::compile(&config);
+                log::info!(
+                    "skewgate: configured for apiserver {:?}: {} group-versions, {} peer clusters",
+                    config.local_apiserver,
+                    config.group_versions.len(),
+                    config.peer_clusters.len()
+                );
+                self.table = Some(Rc::new(table));
+                true
+            }
+            Err(e) => {
+                log::error!("skewgate: {e}; keeping the previous configuration");
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let table = self.table.clone()?;
+        Some(Box::new(Request::new(table)))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

@@ -1,0 +1,395 @@
+//! The data plane on real Envoy 1.40 loading the release `skewgate_filter.wasm`, in front of
+//! a simulated 1.30 apiserver with 1.33 peers serving the real fixture documents.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use skewgate_tests::{kubectl, Envoy, SimApiserver};
+
+const CLAIMS_V1BETA2: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims";
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        // A bound on every answer: "within a bounded time" for the 503 case.
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+fn served_by(resp: &reqwest::Response) -> String {
+    header(resp, "x-sim-apiserver")
+}
+
+fn header(resp: &reqwest::Response, name: &str) -> String {
+    resp.headers()
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default()
+}
+
+fn claim(name: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1beta2",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}
+    })
+}
+
+/// A 1.30 apiserver `a` behind Envoy, with the 1.33 peer `b`.
+async fn mixed_cluster() -> Result<(SimApiserver, SimApiserver, Envoy)> {
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
+    let envoy = Envoy::start(&a, &[&b]).await?;
+    Ok((a, b, envoy))
+}
+
+#[tokio::test]
+async fn locally_served_resource_reaches_the_local_apiserver() -> Result<()> {
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    for path in [
+        "/apis/apps/v1/namespaces/default/deployments",
+        "/api/v1/namespaces/default/pods",
+        // Same GV on both, resource only in 1.30.
+        "/apis/admissionregistration.k8s.io/v1alpha1/validatingadmissionpolicies",
+        // Only 1.30 serves it; the peer would 404.
+        "/apis/resource.k8s.io/v1alpha2/namespaces/default/resourceclaims",
+    ] {
+        let resp = client()
+            .get(format!("{}{path}", envoy.url()))
+            .send()
+            .await?;
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(served_by(&resp), "apiserver-a", "{path}");
+        assert_eq!(
+            header(&resp, "x-sim-peer-proxied"),
+            "",
+            "{path}: no loop guard locally"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn peer_only_resource_reaches_the_peer_with_the_loop_guard() -> Result<()> {
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    let url = format!("{}{CLAIMS_V1BETA2}", envoy.url());
+
+    // A list.
+    let resp = client().get(&url).send().await?;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(served_by(&resp), "apiserver-b");
+    assert_eq!(header(&resp, "x-sim-peer-proxied"), "true");
+    let list: Value = resp.json().await?;
+    assert_eq!(list["kind"], "ResourceClaimList");
+
+    // A watch, opened before the create, must stream the create's event.
+    let watch = client()
+        .get(format!("{url}?watch=true"))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await?;
+    assert_eq!(watch.status(), 200);
+    assert_eq!(served_by(&watch), "apiserver-b");
+    let mut events = watch.bytes_stream();
+
+    // A namespaced create.
+    let resp = client().post(&url).json(&claim("gpu-claim")).send().await?;
+    assert_eq!(resp.status(), 201);
+    assert_eq!(served_by(&resp), "apiserver-b");
+    assert_eq!(header(&resp, "x-sim-peer-proxied"), "true");
+    let created: Value = resp.json().await?;
+    assert_eq!(created["metadata"]["namespace"], "default");
+    assert_eq!(
+        created["metadata"]["annotations"]["skewgate.test/served-by"],
+        "apiserver-b"
+    );
+
+    let mut buffered = Vec::new();
+    let event = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(chunk) = events.next().await {
+            buffered.extend_from_slice(&chunk?);
+            while let Some(end) = buffered.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buffered.drain(..=end).collect();
+                let event: Value = serde_json::from_slice(&line)?;
+                if event["object"]["metadata"]["name"] == "gpu-claim" {
+                    return Ok::<_, anyhow::Error>(event);
+                }
+            }
+        }
+        anyhow::bail!("watch ended without the event")
+    })
+    .await??;
+    assert_eq!(event["type"], "ADDED");
+
+    // A get through Envoy sees the peer's object.
+    let resp = client().get(format!("{url}/gpu-claim")).send().await?;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(served_by(&resp), "apiserver-b");
+    Ok(())
+}
+
+#[tokio::test]
+async fn subresource_only_the_peer_serves_goes_to_the_peer() -> Result<()> {
+    // 1.33 serves pods/resize, 1.30 does not: core/v1 grows by subresources.
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    let resp = client()
+        .get(format!(
+            "{}/api/v1/namespaces/default/pods/web-0/resize",
+            envoy.url()
+        ))
+        .send()
+        .await?;
+    assert_eq!(served_by(&resp), "apiserver-b");
+    assert_eq!(header(&resp, "x-sim-peer-proxied"), "true");
+    // ...while pods themselves stay local.
+    let resp = client()
+        .get(format!(
+            "{}/api/v1/namespaces/default/pods/web-0",
+            envoy.url()
+        ))
+        .send()
+        .await?;
+    assert_eq!(served_by(&resp), "apiserver-a");
+    Ok(())
+}
+
+#[tokio::test]
+async fn resource_nobody_serves_gets_the_local_404() -> Result<()> {
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    for path in [
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+        "/apis/nope.example.com/v1/things",
+    ] {
+        let resp = client()
+            .get(format!("{}{path}", envoy.url()))
+            .send()
+            .await?;
+        assert_eq!(resp.status(), 404, "{path}");
+        assert_eq!(served_by(&resp), "apiserver-a", "{path}");
+        assert_eq!(resp.text().await?, "404 page not found\n", "{path}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn stopped_peer_gives_503_status_not_404() -> Result<()> {
+    let (_a, mut b, envoy) = mixed_cluster().await?;
+    let url = format!("{}{CLAIMS_V1BETA2}", envoy.url());
+    assert_eq!(client().get(&url).send().await?.status(), 200);
+
+    b.stop().await?;
+    for (method, body) in [("GET", None), ("POST", Some(claim("c1")))] {
+        let mut req = client().request(method.parse()?, &url);
+        if let Some(body) = &body {
+            req = req.json(body);
+        }
+        // The client's 20 s timeout bounds the wait; Envoy's connect timeout is 2 s.
+        let resp = req.send().await?;
+        assert_eq!(resp.status(), 503, "{method}");
+        assert_eq!(
+            header(&resp, "content-type"),
+            "application/json",
+            "{method}"
+        );
+        let status: Value = resp.json().await?;
+        assert_eq!(status["kind"], "Status", "{method}");
+        assert_eq!(status["apiVersion"], "v1");
+        assert_eq!(status["status"], "Failure");
+        assert_eq!(status["reason"], "ServiceUnavailable");
+        assert_eq!(status["code"], 503);
+        let message = status["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("resource.k8s.io/v1beta2, Resource=resourceclaims"),
+            "{message}"
+        );
+    }
+    // The local apiserver is unaffected.
+    let resp = client()
+        .get(format!("{}/api/v1/namespaces/default/pods", envoy.url()))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    Ok(())
+}
+
+#[tokio::test]
+async fn unreachable_peer_fails_over_to_another_peer_serving_the_same() -> Result<()> {
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let mut b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
+    let c = SimApiserver::start("apiserver-c", "k8s-1.33").await?;
+    let envoy = Envoy::start(&a, &[&b, &c]).await?;
+    b.stop().await?;
+    let url = format!("{}{CLAIMS_V1BETA2}", envoy.url());
+    for i in 0..6 {
+        let resp = client().get(&url).send().await?;
+        assert_eq!(resp.status(), 200, "request {i}");
+        assert_eq!(served_by(&resp), "apiserver-c", "request {i}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn spoofed_identity_loop_guard_and_routing_headers_change_nothing() -> Result<()> {
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    let peer_cluster = envoy
+        .plan
+        .clusters
+        .first()
+        .map(|c| c.name.clone())
+        .unwrap_or_default();
+    assert!(!peer_cluster.is_empty());
+    let spoof = [
+        ("X-Remote-User", "system:admin"),
+        ("x-remote-group", "system:masters"),
+        ("X-Remote-Extra-Scopes", "all"),
+        ("x-kubernetes-peer-proxied", "true"),
+        ("X-Kubernetes-APIServer-Rerouted", "true"),
+        ("x-skewgate-upstream-cluster", peer_cluster.as_str()),
+        ("X-Skewgate-Upstream-Cluster", "skewgate-local"),
+    ];
+    // (path, the apiserver that must serve it)
+    let cases = [
+        ("/api/v1/namespaces/default/pods", "apiserver-a"),
+        ("/healthz", "apiserver-a"),
+        (CLAIMS_V1BETA2, "apiserver-b"),
+    ];
+    for (path, want) in cases {
+        let mut req = client().get(format!("{}{path}", envoy.url()));
+        for (name, value) in spoof {
+            req = req.header(name, value);
+        }
+        let resp = req.send().await?;
+        assert_eq!(served_by(&resp), want, "{path}");
+        assert_eq!(
+            header(&resp, "x-sim-remote-user"),
+            "",
+            "{path}: identity reached the apiserver"
+        );
+        let guard = header(&resp, "x-sim-peer-proxied");
+        let want_guard = if want == "apiserver-b" { "true" } else { "" };
+        assert_eq!(guard, want_guard, "{path}: loop guard");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn hostile_requests_get_clear_answers_and_do_not_hurt_the_filter() -> Result<()> {
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    let long = format!("/apis/resource.k8s.io/v1beta2/{}", "a".repeat(8192));
+    let hostile = [
+        "/api/v1/watch",
+        "/apis/resource.k8s.io/v1beta2/%zz",
+        "//apis//resource.k8s.io//v1beta2//resourceclaims",
+        "/apis/resource.k8s.io/v1beta2/../../api/v1/pods",
+        long.as_str(),
+    ];
+    for path in hostile {
+        let resp = client()
+            .get(format!("{}{path}", envoy.url()))
+            .send()
+            .await?;
+        // Never a crash (which would be a 503 from a dead VM) and never a hang.
+        assert_ne!(resp.status(), 503, "{path}");
+    }
+    // A header value that is not UTF-8 (obs-text is legal HTTP/1.1): the SDK's String
+    // accessors would panic on it. The request must be served and the VM must live on.
+    let value = reqwest::header::HeaderValue::from_bytes(b"caf\xe9")?;
+    let resp = client()
+        .get(format!("{}{CLAIMS_V1BETA2}", envoy.url()))
+        .header("x-note", value.clone())
+        .header("x-remote-user", value)
+        .send()
+        .await?;
+    assert_eq!(served_by(&resp), "apiserver-b");
+    assert_eq!(header(&resp, "x-sim-remote-user"), "");
+    let resp = client()
+        .get(format!("{}{CLAIMS_V1BETA2}", envoy.url()))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        !envoy.log().contains("panicked"),
+        "the filter panicked:\n{}",
+        envoy.log()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_configuration_that_does_not_validate_is_refused_whole() -> Result<()> {
+    let (a, b, envoy) = mixed_cluster().await?;
+    let good = std::fs::read_to_string(envoy.dir.path().join("envoy.yaml"))?;
+    let cluster = envoy
+        .plan
+        .clusters
+        .first()
+        .map(|c| c.name.clone())
+        .unwrap_or_default();
+    // One bad reference among many good entries: nothing may be half-applied.
+    let bad = good.replacen(
+        &format!("\\\"peer_cluster\\\":\\\"{cluster}\\\""),
+        "\\\"peer_cluster\\\":\\\"nope\\\"",
+        1,
+    );
+    assert_ne!(bad, good, "the test must corrupt the configuration");
+    let err = match Envoy::start_with_bootstrap(&bad, envoy.plan.clone()).await {
+        Ok(_) => anyhow::bail!("Envoy started with an invalid filter configuration"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("not declared"), "{err}");
+    drop((a, b));
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubectl_gets_the_peer_only_resource_through_envoy() -> Result<()> {
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    let kubeconfig = envoy.kubeconfig()?;
+    let manifest = envoy.dir.path().join("claim.json");
+    std::fs::write(&manifest, claim("from-kubectl").to_string())?;
+
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &["create", "-f", manifest.to_str().unwrap_or_default()],
+    )
+    .await?;
+    assert!(ok, "kubectl create failed: {out}{err}");
+
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "resourceclaims.v1beta2.resource.k8s.io",
+            "from-kubectl",
+            "-n",
+            "default",
+            "-o",
+            "json",
+        ],
+    )
+    .await?;
+    assert!(ok, "kubectl get failed: {out}{err}");
+    let object: Value = serde_json::from_str(&out)?;
+    assert_eq!(object["metadata"]["name"], "from-kubectl");
+    assert_eq!(
+        object["metadata"]["annotations"]["skewgate.test/served-by"],
+        "apiserver-b"
+    );
+
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "resourceclaims.v1beta2.resource.k8s.io",
+            "-n",
+            "default",
+        ],
+    )
+    .await?;
+    assert!(ok, "kubectl get (table) failed: {out}{err}");
+    assert!(out.contains("from-kubectl"), "{out}");
+    Ok(())
+}
