@@ -68,8 +68,18 @@ pub fn wasm_path() -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The `sim-apiserver` binary cargo built next to the running test (`target/<profile>/`).
 fn sim_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_sim-apiserver"))
+    if let Ok(path) = std::env::var("SKEWGATE_SIM_APISERVER") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    // Test binaries live in target/<profile>/deps, binaries in target/<profile>.
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.join("sim-apiserver")
 }
 
 /// Wait for a line starting with `prefix` on a child's stdout; returns the rest of the line.
