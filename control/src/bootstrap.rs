@@ -91,7 +91,13 @@ pub struct StaticBootstrap<'a> {
     pub local: &'a Address,
     /// Address of every peer apiserver by id.
     pub peers: &'a [(String, Address)],
+    /// The apiservers' `--request-timeout`; Envoy bounds non-long-running requests by a
+    /// little more, so the apiserver's own timeout answer wins whenever it can give one.
+    pub request_timeout: std::time::Duration,
 }
+
+/// How much longer than the apiserver's request timeout Envoy waits.
+pub const REQUEST_TIMEOUT_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl StaticBootstrap<'_> {
     pub fn render(&self, plan: &RoutingPlan) -> Result<String, BootstrapError> {
@@ -126,6 +132,13 @@ impl StaticBootstrap<'_> {
             .replace("{{listen_port}}", &self.listen.port.to_string())
             .replace("{{wasm_path}}", &format!("\"{wasm}\""))
             .replace("{{filter_config}}", &filter_config)
+            .replace(
+                "{{short_request_timeout}}",
+                &format!(
+                    "{}s",
+                    (self.request_timeout + REQUEST_TIMEOUT_MARGIN).as_secs()
+                ),
+            )
             .replace("{{clusters}}", clusters.trim_end()))
     }
 }

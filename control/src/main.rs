@@ -49,6 +49,10 @@ struct RenderStatic {
     /// never proxied: `GROUP/VERSION`. Repeatable.
     #[arg(long = "shared-storage", value_name = "GROUP/VERSION")]
     shared_storage: Vec<String>,
+    /// The apiservers' `--request-timeout` in seconds (kube-apiserver's default is 60). Envoy
+    /// gives non-long-running requests 10 s more before answering 503/504 itself.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    request_timeout: u64,
     /// Also write the filter configuration (JSON) to this file.
     #[arg(long)]
     filter_config_out: Option<PathBuf>,
@@ -135,6 +139,7 @@ fn render_static(args: RenderStatic) -> Result<()> {
         wasm_path: &args.wasm,
         local: &local.address,
         peers: &peer_addresses,
+        request_timeout: std::time::Duration::from_secs(args.request_timeout),
     }
     .render(&plan)?;
     print!("{bootstrap}");

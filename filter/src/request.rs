@@ -4,7 +4,7 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use skewgate_core::hygiene::{self, PEER_PROXIED, UPSTREAM_CLUSTER};
+use skewgate_core::hygiene::{self, PEER_PROXIED, REQUEST_CLASS, SHORT_REQUEST, UPSTREAM_CLUSTER};
 use skewgate_core::local_reply::{self, RoutedTo};
 use skewgate_core::routing::{RoutingTable, Upstream};
 use skewgate_core::status;
@@ -56,9 +56,15 @@ impl Request {
         // Steps 4-8.
         let (info, decision) = self.table.route(&method, &path);
         log::debug!("skewgate: {method} {path} -> {decision:?}");
+        // Watches, exec, logs and the like stream without a timeout; everything else is
+        // bounded, so a peer that accepts the connection but never answers yields a 503.
+        let short = info.as_ref().is_some_and(|i| !i.is_long_running());
+        if short {
+            host::set_request_header(REQUEST_CLASS, SHORT_REQUEST)?;
+        }
         match decision.upstream {
             Upstream::Local => {
-                if route_header_removed {
+                if route_header_removed || short {
                     host::clear_route_cache()?;
                 }
             }

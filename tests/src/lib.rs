@@ -174,23 +174,55 @@ pub struct Envoy {
     _child: Child,
 }
 
+/// A peer as Envoy is told about it: what it serves and where it listens.
+pub struct PeerSpec {
+    pub id: String,
+    pub served: ServedApis,
+    pub address: Address,
+}
+
+impl PeerSpec {
+    pub fn of(sim: &SimApiserver) -> Result<Self> {
+        Ok(PeerSpec {
+            id: sim.id.clone(),
+            served: sim.served()?,
+            address: sim.address.clone(),
+        })
+    }
+}
+
+/// kube-apiserver's default `--request-timeout`.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
 impl Envoy {
-    /// Envoy in front of `local`, with every other apiserver of `all` as a peer, configured
-    /// by the same code `skewgate-control render-static` uses.
+    /// Envoy in front of `local`, with `peers`, configured by the same code
+    /// `skewgate-control render-static` uses.
     pub async fn start(local: &SimApiserver, peers: &[&SimApiserver]) -> Result<Self> {
-        let mut peer_specs = Vec::new();
+        let peers = peers
+            .iter()
+            .map(|p| PeerSpec::of(p))
+            .collect::<Result<Vec<_>>>()?;
+        Self::start_with(local, peers, DEFAULT_REQUEST_TIMEOUT).await
+    }
+
+    pub async fn start_with(
+        local: &SimApiserver,
+        peers: Vec<PeerSpec>,
+        request_timeout: Duration,
+    ) -> Result<Self> {
         let mut addresses = Vec::new();
+        let mut routing_peers = Vec::new();
         for p in peers {
-            peer_specs.push(Peer {
-                id: p.id.clone(),
-                served: p.served()?,
+            addresses.push((p.id.clone(), p.address));
+            routing_peers.push(Peer {
+                id: p.id,
+                served: p.served,
             });
-            addresses.push((p.id.clone(), p.address.clone()));
         }
         let plan = routing::build(
             &local.served()?,
             &local.id,
-            &peer_specs,
+            &routing_peers,
             &Default::default(),
         );
         plan.config.validate()?;
@@ -202,6 +234,7 @@ impl Envoy {
             wasm_path: &wasm,
             local: &local.address,
             peers: &addresses,
+            request_timeout,
         }
         .render(&plan)?;
         Self::start_with_bootstrap(&yaml, plan).await
@@ -287,6 +320,20 @@ impl Envoy {
         std::fs::write(&path, kubeconfig_yaml(&self.url()))?;
         Ok(path)
     }
+}
+
+/// A peer that accepts connections and never answers (a hung apiserver). Connections are
+/// held until the returned task is dropped or aborted.
+pub async fn black_hole() -> Result<(Address, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = Address::parse(&listener.local_addr()?.to_string())?;
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    Ok((address, task))
 }
 
 /// A minimal kubeconfig for a plain-HTTP server.

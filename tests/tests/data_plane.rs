@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use skewgate_tests::{kubectl, Envoy, SimApiserver};
+use skewgate_tests::{black_hole, kubectl, Envoy, PeerSpec, SimApiserver};
 
 const CLAIMS_V1BETA2: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims";
 
@@ -212,6 +212,59 @@ async fn stopped_peer_gives_503_status_not_404() -> Result<()> {
         .send()
         .await?;
     assert_eq!(resp.status(), 200);
+    Ok(())
+}
+
+#[tokio::test]
+async fn peer_that_never_answers_gives_503_after_the_request_timeout() -> Result<()> {
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
+    let (hole, _task) = black_hole().await?;
+    let hung = PeerSpec {
+        address: hole,
+        ..PeerSpec::of(&b)?
+    };
+    // Envoy bounds short requests at the apiserver's request timeout + 10 s.
+    let envoy = Envoy::start_with(&a, vec![hung], Duration::from_secs(1)).await?;
+    let resp = client()
+        .get(format!("{}{CLAIMS_V1BETA2}", envoy.url()))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 503);
+    let status: Value = resp.json().await?;
+    assert_eq!(status["reason"], "ServiceUnavailable");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("did not answer (response_timeout)"),
+        "{status}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn watches_outlive_the_request_timeout() -> Result<()> {
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
+    let envoy = Envoy::start_with(&a, vec![PeerSpec::of(&b)?], Duration::from_secs(1)).await?;
+    let url = format!("{}{CLAIMS_V1BETA2}", envoy.url());
+    let watch = client()
+        .get(format!("{url}?watch=1"))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await?;
+    assert_eq!(watch.status(), 200);
+    let mut events = watch.bytes_stream();
+    // Past Envoy's 11 s bound for short requests: a watch must not be cut by it.
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    let resp = client().post(&url).json(&claim("late")).send().await?;
+    assert_eq!(resp.status(), 201);
+    let chunk = tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the watch was closed"))??;
+    let event: Value = serde_json::from_slice(chunk.trim_ascii())?;
+    assert_eq!(event["object"]["metadata"]["name"], "late");
     Ok(())
 }
 

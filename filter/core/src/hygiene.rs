@@ -15,6 +15,12 @@ pub const INTERNAL_PREFIX: &str = "x-skewgate-";
 /// The header Envoy's peer route reads as `cluster_header`.
 pub const UPSTREAM_CLUSTER: &str = "x-skewgate-upstream-cluster";
 
+/// Set on requests kube-apiserver bounds by its `--request-timeout` (everything but watches,
+/// proxy, exec, attach, port-forward and logs); Envoy's routes give these a timeout.
+pub const REQUEST_CLASS: &str = "x-skewgate-request-class";
+/// The value of [`REQUEST_CLASS`] for a bounded request.
+pub const SHORT_REQUEST: &str = "short";
+
 /// Headers that carry identity for requestheader authentication (`--requestheader-*-headers`):
 /// `X-Remote-User`, `X-Remote-Group`, `X-Remote-Extra-*`, and any other `X-Remote-` name an
 /// operator may have configured.

@@ -37,10 +37,14 @@ pub fn rewrite(routed: RoutedTo<'_>, code: u16, details: &str) -> Option<Rewrite
     }
     match routed {
         RoutedTo::Peer { target } if is_upstream_failure(code) => {
-            let message = format!(
-                "the peer apiserver serving {target} could not be reached ({details}); \
-                 the request was not handled, retry it"
-            );
+            // Only a connection that never opened proves the request was not processed;
+            // after a reset or a timeout the peer may have acted on it.
+            let what = if never_connected(details) {
+                "could not be reached"
+            } else {
+                "did not answer"
+            };
+            let message = format!("the peer apiserver serving {target} {what} ({details})");
             Some(Rewrite {
                 code: 503,
                 body: status::failure(503, &message),
@@ -58,6 +62,10 @@ pub fn rewrite(routed: RoutedTo<'_>, code: u16, details: &str) -> Option<Rewrite
             body: status::failure(code, &format!("rejected by the proxy ({details})")),
         }),
     }
+}
+
+fn never_connected(details: &str) -> bool {
+    details.contains("connection_failure") || details.contains("no_healthy_upstream")
 }
 
 /// Codes Envoy uses when the upstream did not answer: reset, refused, TLS failure (502/503),
@@ -130,5 +138,17 @@ mod tests {
         let r = r.unwrap();
         assert!(r.body.contains("g/v, Resource=r"), "{}", r.body);
         assert!(r.body.contains("\"reason\":\"ServiceUnavailable\""));
+        assert!(r.body.contains("could not be reached"), "{}", r.body);
+        let r = rewrite(
+            RoutedTo::Peer {
+                target: "g/v, Resource=r",
+            },
+            504,
+            "response_timeout",
+        );
+        assert!(r
+            .unwrap()
+            .body
+            .contains("did not answer (response_timeout)"));
     }
 }

@@ -48,6 +48,21 @@ pub struct RequestInfo {
     pub parts: Vec<String>,
 }
 
+impl RequestInfo {
+    /// kube-apiserver's long-running check (`BasicLongRunningRequestCheck` with the verbs
+    /// `watch`, `proxy` and the subresources `attach`, `exec`, `proxy`, `log`, `portforward`):
+    /// these stream for as long as they last and get no request timeout; everything else is
+    /// bounded by the apiserver's `--request-timeout`, and so by ours.
+    pub fn is_long_running(&self) -> bool {
+        matches!(self.verb.as_str(), "watch" | "proxy")
+            || (self.is_resource_request
+                && matches!(
+                    self.subresource.as_str(),
+                    "attach" | "exec" | "proxy" | "log" | "portforward"
+                ))
+    }
+}
+
 /// Why a request could not be parsed. kube-apiserver answers these itself (400 from Go's HTTP
 /// server for a bad escape, 500 "failed to create RequestInfo" for the rest), so the filter
 /// sends them to the local apiserver and lets it say so.
@@ -1813,6 +1828,39 @@ mod tests {
                 }
                 check_invariants(rng.pick(METHODS), &target);
             }
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn long_running_requests_match_kube_apiserver() {
+        let cases = [
+            ("GET", "/api/v1/pods?watch=true", true),
+            ("GET", "/api/v1/pods?watch=", true),
+            ("GET", "/api/v1/watch/pods", true),
+            ("GET", "/api/v1/proxy/namespaces/n/pods/p/x", true),
+            ("GET", "/api/v1/namespaces/n/pods/p/log", true),
+            ("POST", "/api/v1/namespaces/n/pods/p/exec", true),
+            ("GET", "/api/v1/namespaces/n/pods/p/attach", true),
+            ("POST", "/api/v1/namespaces/n/pods/p/portforward", true),
+            ("GET", "/api/v1/namespaces/n/services/s/proxy/x", true),
+            ("GET", "/api/v1/pods", false),
+            ("GET", "/api/v1/pods?watch=false", false),
+            ("GET", "/api/v1/namespaces/n/pods/p", false),
+            ("PUT", "/api/v1/namespaces/n/pods/p/status", false),
+            (
+                "POST",
+                "/apis/resource.k8s.io/v1beta2/namespaces/d/resourceclaims",
+                false,
+            ),
+            ("GET", "/healthz", false),
+            ("GET", "/apis", false),
+            // A non-resource path named like a subresource is not long-running.
+            ("GET", "/logs/exec", false),
+        ];
+        for (method, path, want) in cases {
+            let info = parse(method, path).unwrap();
+            assert_eq!(info.is_long_running(), want, "{method} {path}");
         }
     }
 }
