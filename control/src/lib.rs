@@ -3,4 +3,5 @@
 
 pub mod bootstrap;
 pub mod discovery;
+pub mod merge;
 pub mod routing;

@@ -17,6 +17,7 @@
 pub mod config;
 pub mod hygiene;
 pub mod local_reply;
+pub mod negotiation;
 pub mod request_info;
 pub mod routing;
 pub mod status;
