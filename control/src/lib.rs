@@ -3,5 +3,7 @@
 
 pub mod bootstrap;
 pub mod discovery;
+pub mod documents;
 pub mod merge;
+pub mod merged;
 pub mod routing;

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use skewgate_control::bootstrap::{Address, StaticBootstrap};
-use skewgate_control::discovery::ServedApis;
+use skewgate_control::documents::DiscoveryDocuments;
+use skewgate_control::merged;
 use skewgate_control::routing::{self, Peer};
 
 #[derive(Parser)]
@@ -102,19 +103,30 @@ fn render_static(args: RenderStatic) -> Result<()> {
         .iter()
         .find(|s| s.id == args.local)
         .with_context(|| format!("--local {:?} is not one of the --apiserver ids", args.local))?;
-    let local_served = ServedApis::from_dir(&local.discovery)
-        .with_context(|| format!("reading discovery of {}", local.id))?;
+    let mut documents = Vec::new();
+    for spec in &specs {
+        let docs = DiscoveryDocuments::from_dir(&spec.discovery)
+            .with_context(|| format!("reading discovery of {}", spec.id))?;
+        documents.push((spec.id.clone(), docs));
+    }
+    let mut local_served = None;
     let mut peers = Vec::new();
     let mut peer_addresses = Vec::new();
-    for spec in specs.iter().filter(|s| s.id != args.local) {
-        let served = ServedApis::from_dir(&spec.discovery)
-            .with_context(|| format!("reading discovery of {}", spec.id))?;
-        peers.push(Peer {
-            id: spec.id.clone(),
-            served,
-        });
-        peer_addresses.push((spec.id.clone(), spec.address.clone()));
+    for (spec, (_, docs)) in specs.iter().zip(&documents) {
+        let served = docs
+            .served()
+            .with_context(|| format!("discovery of {}", spec.id))?;
+        if spec.id == args.local {
+            local_served = Some(served);
+        } else {
+            peers.push(Peer {
+                id: spec.id.clone(),
+                served,
+            });
+            peer_addresses.push((spec.id.clone(), spec.address.clone()));
+        }
     }
+    let local_served = local_served.context("the local apiserver has no discovery")?;
     let shared_storage = args
         .shared_storage
         .iter()
@@ -124,7 +136,14 @@ fn render_static(args: RenderStatic) -> Result<()> {
         })
         .collect::<Result<BTreeSet<_>>>()?;
 
-    let plan = routing::build(&local_served, &local.id, &peers, &shared_storage);
+    let mut plan = routing::build(&local_served, &local.id, &peers, &shared_storage);
+    let servers: Vec<(String, &DiscoveryDocuments)> =
+        documents.iter().map(|(id, d)| (id.clone(), d)).collect();
+    match merged::discovery_config(&local.id, &servers) {
+        Ok(discovery) => plan.config.discovery = Some(discovery),
+        // Routing still works; discovery is then each apiserver's own.
+        Err(e) => eprintln!("skewgate-control: warning: {e}"),
+    }
     plan.config
         .validate()
         .context("the rendered filter configuration does not validate (a bug)")?;

@@ -155,6 +155,8 @@ pub fn build(
             local_apiserver: local_id.to_owned(),
             peer_clusters,
             group_versions,
+            // Filled by the caller from the merged documents (see `merged`).
+            discovery: None,
         },
         clusters,
     }

@@ -2,12 +2,14 @@
 //!
 //! - `root`: receives the configuration, validates and compiles it, refuses a bad one whole;
 //! - `request`: per request, strips what a client may not send, routes, maps Envoy's replies;
+//! - `metrics`: the counters;
 //! - `host`: the few host calls we make, each returning a `Result` instead of panicking
 //!   (the SDK's convenience methods unwrap, and its `String` getters panic on non-UTF-8 values).
 //!
 //! The data plane never panics: `unwrap`, `expect`, `panic` and slice indexing are denied.
 
 mod host;
+mod metrics;
 mod request;
 mod root;
 

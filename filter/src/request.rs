@@ -4,15 +4,27 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
+use skewgate_core::discovery::{DiscoveryAnswer, DiscoveryHeaders, PassReason, Response};
 use skewgate_core::hygiene::{self, PEER_PROXIED, REQUEST_CLASS, SHORT_REQUEST, UPSTREAM_CLUSTER};
 use skewgate_core::local_reply::{self, RoutedTo};
-use skewgate_core::routing::{RoutingTable, Upstream};
+use skewgate_core::routing::Upstream;
 use skewgate_core::status;
 
 use crate::host;
+use crate::metrics::Metrics;
+use crate::root::Compiled;
+
+/// What the filter did with the request headers.
+enum Handled {
+    /// Sent on to an apiserver.
+    Forwarded,
+    /// Answered here (merged discovery).
+    Answered,
+}
 
 pub struct Request {
-    table: Rc<RoutingTable>,
+    compiled: Rc<Compiled>,
+    metrics: Rc<Metrics>,
     /// What a peer-bound request asked for, for the 503 message; `None` when routed locally.
     peer_target: Option<String>,
     /// The Status body replacing an Envoy-generated reply, written once the body arrives.
@@ -20,9 +32,10 @@ pub struct Request {
 }
 
 impl Request {
-    pub fn new(table: Rc<RoutingTable>) -> Self {
+    pub fn new(compiled: Rc<Compiled>, metrics: Rc<Metrics>) -> Self {
         Request {
-            table,
+            compiled,
+            metrics,
             peer_target: None,
             replacement_body: None,
         }
@@ -30,7 +43,7 @@ impl Request {
 
     /// Steps 1 and 4-8. Errors from the host are logged and the request fails closed with a
     /// 503 Status: a request we could not sanitise must not reach an apiserver.
-    fn route_request(&mut self) -> Result<(), proxy_wasm::types::Status> {
+    fn route_request(&mut self) -> Result<Handled, proxy_wasm::types::Status> {
         let headers = host::request_headers()?;
 
         // Step 1: strip every header a client must not control, before anything else.
@@ -44,17 +57,42 @@ impl Request {
             log::debug!("skewgate: removed client headers {forbidden:?}");
         }
 
-        let pseudo = |name: &str| {
+        // Envoy gives names in lower case; the first value counts, as Go's Header.Get.
+        let raw = |name: &str| {
             headers
                 .iter()
                 .find(|(n, _)| n == name)
-                .map(|(_, v)| String::from_utf8_lossy(v))
+                .map(|(_, v)| v.as_slice())
         };
-        let method = pseudo(":method").unwrap_or_default();
-        let path = pseudo(":path").unwrap_or_default();
+        let method = String::from_utf8_lossy(raw(":method").unwrap_or_default());
+        let path = String::from_utf8_lossy(raw(":path").unwrap_or_default());
+
+        // Step 3: discovery from the merged documents.
+        if let Some(discovery) = &self.compiled.discovery {
+            let discovery_headers = DiscoveryHeaders {
+                accept: raw("accept"),
+                if_none_match: raw("if-none-match"),
+                accept_encoding: raw("accept-encoding"),
+            };
+            let (answer, reason) = discovery.answer(&method, &path, discovery_headers);
+            match (answer, reason) {
+                (DiscoveryAnswer::Respond(response), _) => {
+                    Metrics::inc(self.metrics.discovery_cache_hits);
+                    send_discovery(&response)?;
+                    return Ok(Handled::Answered);
+                }
+                (DiscoveryAnswer::Pass, PassReason::NoPeer) => {
+                    Metrics::inc(self.metrics.discovery_nopeer)
+                }
+                (DiscoveryAnswer::Pass, PassReason::Local) => {
+                    Metrics::inc(self.metrics.discovery_cache_misses)
+                }
+                (DiscoveryAnswer::Pass, PassReason::NotDiscovery) => {}
+            }
+        }
 
         // Steps 4-8.
-        let (info, decision) = self.table.route(&method, &path);
+        let (info, decision) = self.compiled.table.route(&method, &path);
         log::debug!("skewgate: {method} {path} -> {decision:?}");
         // Watches, exec, logs and the like stream without a timeout; everything else is
         // bounded, so a peer that accepts the connection but never answers yields a 503.
@@ -69,6 +107,7 @@ impl Request {
                 }
             }
             Upstream::Peer { cluster } => {
+                Metrics::inc(self.metrics.rerouted);
                 host::set_request_header(UPSTREAM_CLUSTER, cluster)?;
                 // The loop guard: the peer apiserver must serve this itself, never re-proxy.
                 host::set_request_header(PEER_PROXIED, "true")?;
@@ -88,7 +127,7 @@ impl Request {
                 });
             }
         }
-        Ok(())
+        Ok(Handled::Forwarded)
     }
 
     /// Step 9: give Envoy's own replies a Status body, and make an unreachable peer a 503.
@@ -107,6 +146,9 @@ impl Request {
             None => RoutedTo::Local,
         };
         if let Some(rewrite) = local_reply::rewrite(routed, code, &details) {
+            if self.peer_target.is_some() {
+                Metrics::inc(self.metrics.peer_proxy_errors);
+            }
             log::info!(
                 "skewgate: Envoy replied {code} ({details}); answering {} with a Status",
                 rewrite.code
@@ -120,12 +162,33 @@ impl Request {
     }
 }
 
+/// Answer a discovery request with kube-apiserver's headers.
+fn send_discovery(response: &Response<'_>) -> Result<(), proxy_wasm::types::Status> {
+    let mut headers = vec![("content-type", response.content_type)];
+    if let Some(etag) = response.etag {
+        // Aggregated discovery is cacheable and varies by Accept (v2, v2beta1, legacy).
+        headers.push(("etag", etag));
+        headers.push(("vary", "Accept"));
+        headers.push(("cache-control", "public"));
+    }
+    if response.gzip {
+        headers.push(("content-encoding", "gzip"));
+        headers.push(("vary", "Accept-Encoding"));
+    }
+    proxy_wasm::hostcalls::send_http_response(
+        u32::from(response.status),
+        headers,
+        Some(response.body),
+    )
+}
+
 impl Context for Request {}
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         match self.route_request() {
-            Ok(()) => Action::Continue,
+            Ok(Handled::Forwarded) => Action::Continue,
+            Ok(Handled::Answered) => Action::Pause,
             Err(e) => {
                 log::error!("skewgate: host call failed while routing: {e:?}");
                 let body = status::failure(503, "the proxy could not process the request");

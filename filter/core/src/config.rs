@@ -39,7 +39,56 @@ pub struct FilterConfig {
     /// What is served where, per group-version.
     #[serde(default)]
     pub group_versions: Vec<GroupVersionRoutes>,
+    /// Peer-aggregated discovery. Absent when the control plane could not build it (or it
+    /// would be too large): discovery requests then go to the local apiserver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<DiscoveryConfig>,
 }
+
+/// The merged discovery documents the filter serves (see [`crate::discovery`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Merged `/apis`: an `apidiscovery.k8s.io/v2` `APIGroupDiscoveryList`.
+    pub apis: JsonDocument,
+    /// Content hash of `apis`, the ETag clients revalidate with (unquoted).
+    pub apis_etag: String,
+    /// Merged `/api` (the core group), same form.
+    pub api: JsonDocument,
+    pub api_etag: String,
+    /// Legacy discovery documents by path (`/apis`, `/apis/<g>`, `/apis/<g>/<v>`, `/api/v1`),
+    /// only where the union differs from what the local apiserver answers.
+    #[serde(default)]
+    pub legacy: BTreeMap<String, JsonDocument>,
+}
+
+/// A JSON document carried verbatim: validated as JSON when the configuration is parsed, but
+/// never turned into a tree (a merged discovery document can be megabytes, parsed by every VM).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JsonDocument(Box<serde_json::value::RawValue>);
+
+impl JsonDocument {
+    /// Fails unless `json` is one valid JSON value.
+    #[allow(clippy::should_implement_trait)]
+    pub fn from_str(json: &str) -> Result<Self, ConfigError> {
+        serde_json::value::RawValue::from_string(json.to_string())
+            .map(JsonDocument)
+            .map_err(|e| ConfigError::Json(e.to_string()))
+    }
+
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for JsonDocument {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for JsonDocument {}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -134,6 +183,9 @@ impl FilterConfig {
                 )));
             }
         }
+        if let Some(discovery) = &self.discovery {
+            discovery.validate()?;
+        }
         let mut seen_gv = BTreeSet::new();
         for gv in &self.group_versions {
             if gv.version.is_empty() || !valid_segment(&gv.version) {
@@ -193,6 +245,49 @@ impl FilterConfig {
     }
 }
 
+impl DiscoveryConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (what, doc, etag) in [
+            ("/apis", &self.apis, &self.apis_etag),
+            ("/api", &self.api, &self.api_etag),
+        ] {
+            if !doc.get().starts_with('{') {
+                return Err(ConfigError::Invalid(format!(
+                    "discovery document for {what} is not a JSON object"
+                )));
+            }
+            let etag_ok = !etag.is_empty()
+                && etag.len() <= 128
+                && etag.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+            if !etag_ok {
+                return Err(ConfigError::Invalid(format!(
+                    "discovery ETag for {what} must be 1-128 letters, digits or '-'"
+                )));
+            }
+        }
+        for (path, doc) in &self.legacy {
+            let segments: Vec<&str> = path.split('/').skip(1).collect();
+            let path_ok = path.starts_with('/')
+                && segments.iter().all(|s| valid_segment(s))
+                && matches!(
+                    segments.as_slice(),
+                    ["apis"] | ["apis", _] | ["apis", _, _] | ["api", _]
+                );
+            if !path_ok {
+                return Err(ConfigError::Invalid(format!(
+                    "{path:?} is not a legacy discovery path"
+                )));
+            }
+            if !doc.get().starts_with('{') {
+                return Err(ConfigError::Invalid(format!(
+                    "legacy discovery document for {path} is not a JSON object"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 fn valid_cluster_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= MAX_CLUSTER_NAME && name.bytes().all(|b| b.is_ascii_graphic())
 }
@@ -227,6 +322,7 @@ mod tests {
                     peer_cluster: Some("skewgate-peers-b".into()),
                 }],
             }],
+            discovery: None,
         }
     }
 

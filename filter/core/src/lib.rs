@@ -15,6 +15,8 @@
 )]
 
 pub mod config;
+pub mod discovery;
+pub mod gzip;
 pub mod hygiene;
 pub mod local_reply;
 pub mod negotiation;

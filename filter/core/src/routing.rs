@@ -261,6 +261,7 @@ mod tests {
                     vec![route("things/scale", false, Some("p133"))],
                 ),
             ],
+            discovery: None,
         };
         config.validate().unwrap();
         RoutingTable::compile(&config)

@@ -1,0 +1,525 @@
+//! Serving peer-aggregated discovery from the configuration (DESIGN.md step 3).
+//!
+//! `GET /apis` and `GET /api` with an aggregated-discovery Accept clause are answered from the
+//! merged documents the control plane put in the configuration, so every client sees the union
+//! of what the live apiservers serve. `profile=nopeer` and anything we cannot answer in JSON go
+//! to the local apiserver. Beyond upstream, which merges only `/apis` v2:
+//! - `/api` is merged too (core/v1 grows by subresources such as `pods/resize`);
+//! - clients that accept only v2beta1 (client-go 1.26-1.29) get the merged document as v2beta1;
+//! - legacy discovery (`/apis` `APIGroupList`, `/apis/<g>`, `/apis/<g>/<v>`, `/api/v1`) is
+//!   answered from the legacy documents the control plane sent for every path where the union
+//!   differs from the local apiserver's answer; other paths go to the local apiserver.
+
+use std::cell::OnceCell;
+use std::collections::HashMap;
+
+use crate::config::DiscoveryConfig;
+use crate::gzip;
+use crate::negotiation::{self, DiscoveryFormat};
+
+/// kube-apiserver gzips responses of at least this size for clients that accept it
+/// (`defaultGzipThresholdBytes`); we do the same for the documents we serve.
+pub const GZIP_THRESHOLD_BYTES: usize = 128 * 1024;
+
+/// What the filter does with a request, as far as discovery is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiscoveryAnswer<'a> {
+    /// Not something we answer: route it like any other request.
+    Pass,
+    /// Answer it here.
+    Respond(Response<'a>),
+}
+
+/// Why a discovery request was passed on (for the counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassReason {
+    NotDiscovery,
+    /// `profile=nopeer`: the local apiserver's own document, by request.
+    NoPeer,
+    /// A discovery request we cannot answer here (protobuf only, unparsable Accept, a legacy
+    /// path that the local apiserver answers fully, or no merged documents configured).
+    Local,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response<'a> {
+    /// 200, or 304 for a matching `If-None-Match`.
+    pub status: u16,
+    pub content_type: &'static str,
+    /// Quoted; only aggregated documents carry one (legacy discovery has none upstream).
+    pub etag: Option<&'a str>,
+    /// Empty for 304 and HEAD.
+    pub body: &'a [u8],
+    pub gzip: bool,
+}
+
+/// The request headers discovery looks at.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiscoveryHeaders<'a> {
+    pub accept: Option<&'a [u8]>,
+    pub if_none_match: Option<&'a [u8]>,
+    pub accept_encoding: Option<&'a [u8]>,
+}
+
+/// One merged aggregated document in both encodings clients ask for.
+#[derive(Debug)]
+struct AggregatedDocument {
+    v2: Encoded,
+    /// The same document with `apiVersion: apidiscovery.k8s.io/v2beta1` (the two versions have
+    /// the same schema); `None` if the document did not have the expected `apiVersion`.
+    v2beta1: Option<Encoded>,
+}
+
+#[derive(Debug)]
+struct Encoded {
+    body: String,
+    etag: String,
+    /// Compressed on first use: most documents are never large enough to need it.
+    gzipped: OnceCell<Option<Vec<u8>>>,
+}
+
+impl Encoded {
+    fn new(body: String, etag: String) -> Self {
+        Encoded {
+            body,
+            etag,
+            gzipped: OnceCell::new(),
+        }
+    }
+
+    fn gzipped(&self) -> Option<&[u8]> {
+        self.gzipped
+            .get_or_init(|| {
+                (self.body.len() >= GZIP_THRESHOLD_BYTES)
+                    .then(|| gzip::compress(self.body.as_bytes()))
+            })
+            .as_deref()
+    }
+}
+
+const V2_API_VERSION: &str = "\"apiVersion\":\"apidiscovery.k8s.io/v2\"";
+const V2BETA1_API_VERSION: &str = "\"apiVersion\":\"apidiscovery.k8s.io/v2beta1\"";
+
+impl AggregatedDocument {
+    fn new(body: &str, etag: &str) -> Self {
+        let v2beta1 = body
+            .contains(V2_API_VERSION)
+            .then(|| body.replacen(V2_API_VERSION, V2BETA1_API_VERSION, 1))
+            .map(|b| Encoded::new(b, format!("\"{etag}-v2beta1\"")));
+        AggregatedDocument {
+            v2: Encoded::new(body.to_string(), format!("\"{etag}\"")),
+            v2beta1,
+        }
+    }
+}
+
+/// The request-time form of [`DiscoveryConfig`].
+#[derive(Debug)]
+pub struct MergedDiscovery {
+    apis: AggregatedDocument,
+    api: AggregatedDocument,
+    legacy: HashMap<String, Encoded>,
+}
+
+impl MergedDiscovery {
+    pub fn compile(config: &DiscoveryConfig) -> Self {
+        MergedDiscovery {
+            apis: AggregatedDocument::new(config.apis.get(), &config.apis_etag),
+            api: AggregatedDocument::new(config.api.get(), &config.api_etag),
+            legacy: config
+                .legacy
+                .iter()
+                .map(|(path, doc)| {
+                    (
+                        path.clone(),
+                        Encoded::new(doc.get().to_string(), String::new()),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Decide for one request. `path_and_query` is Envoy's `:path`.
+    pub fn answer<'a>(
+        &'a self,
+        method: &str,
+        path_and_query: &str,
+        headers: DiscoveryHeaders<'_>,
+    ) -> (DiscoveryAnswer<'a>, PassReason) {
+        let head = match method {
+            "GET" => false,
+            "HEAD" => true,
+            _ => return (DiscoveryAnswer::Pass, PassReason::NotDiscovery),
+        };
+        let path = path_and_query
+            .split_once('?')
+            .map_or(path_and_query, |(p, _)| p);
+        let aggregated = match path {
+            "/apis" => Some(&self.apis),
+            "/api" => Some(&self.api),
+            _ => None,
+        };
+        let legacy = self.legacy.get(path);
+        if aggregated.is_none() && legacy.is_none() {
+            let reason = if is_discovery_path(path) {
+                PassReason::Local
+            } else {
+                PassReason::NotDiscovery
+            };
+            return (DiscoveryAnswer::Pass, reason);
+        }
+        let Ok(negotiated) = negotiation::negotiate_discovery(headers.accept) else {
+            return (DiscoveryAnswer::Pass, PassReason::Local);
+        };
+        if negotiated.nopeer {
+            return (DiscoveryAnswer::Pass, PassReason::NoPeer);
+        }
+        if !negotiated.json {
+            return (DiscoveryAnswer::Pass, PassReason::Local);
+        }
+        let (encoded, content_type, with_etag) = match (negotiated.format, aggregated, legacy) {
+            (DiscoveryFormat::AggregatedV2, Some(doc), _) => {
+                (Some(&doc.v2), negotiated_type(negotiated.format), true)
+            }
+            (DiscoveryFormat::AggregatedV2Beta1, Some(doc), _) => (
+                doc.v2beta1.as_ref(),
+                negotiated_type(negotiated.format),
+                true,
+            ),
+            (DiscoveryFormat::Legacy, _, Some(doc)) => {
+                (Some(doc), negotiated_type(negotiated.format), false)
+            }
+            _ => (None, "", false),
+        };
+        let Some(encoded) = encoded else {
+            return (DiscoveryAnswer::Pass, PassReason::Local);
+        };
+        let etag = with_etag.then_some(encoded.etag.as_str());
+        if etag.is_some_and(|etag| negotiation::etag_matches(headers.if_none_match, etag)) {
+            let response = Response {
+                status: 304,
+                content_type,
+                etag,
+                body: &[],
+                gzip: false,
+            };
+            return (DiscoveryAnswer::Respond(response), PassReason::NotDiscovery);
+        }
+        let gzipped = accepts_gzip(headers.accept_encoding)
+            .then(|| encoded.gzipped())
+            .flatten();
+        let (body, gzip) = match gzipped {
+            Some(bytes) => (bytes, true),
+            None => (encoded.body.as_bytes(), false),
+        };
+        let response = Response {
+            status: 200,
+            content_type,
+            etag,
+            body: if head { &[] } else { body },
+            gzip,
+        };
+        (DiscoveryAnswer::Respond(response), PassReason::NotDiscovery)
+    }
+}
+
+fn negotiated_type(format: DiscoveryFormat) -> &'static str {
+    negotiation::aggregated_content_type(format)
+}
+
+/// Discovery paths the local apiserver answers when we have nothing better.
+fn is_discovery_path(path: &str) -> bool {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    matches!(
+        parts.as_slice(),
+        ["api"] | ["api", _] | ["apis"] | ["apis", _] | ["apis", _, _]
+    )
+}
+
+/// `Accept-Encoding` lists `gzip` with a non-zero q (Go's `strings.Contains` check upstream is
+/// laxer; a q of 0 is an explicit refusal we honour).
+fn accepts_gzip(accept_encoding: Option<&[u8]>) -> bool {
+    let Some(value) = accept_encoding.and_then(|v| std::str::from_utf8(v).ok()) else {
+        return false;
+    };
+    value.split(',').any(|clause| {
+        let mut params = clause.split(';').map(str::trim);
+        let coding = params.next().unwrap_or_default();
+        let refused = params.any(|p| {
+            p.strip_prefix("q=")
+                .and_then(|q| q.parse::<f32>().ok())
+                .is_some_and(|q| q <= 0.0)
+        });
+        (coding.eq_ignore_ascii_case("gzip") || coding == "*") && !refused
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::JsonDocument;
+    use std::collections::BTreeMap;
+
+    const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+    const V2BETA1: &str =
+        "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+    const APIS: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[{"metadata":{"name":"apps"}}]}"#;
+    const API: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[{"metadata":{"name":""}}]}"#;
+    const GROUPS: &str = r#"{"kind":"APIGroupList","apiVersion":"v1","groups":[]}"#;
+
+    fn merged() -> MergedDiscovery {
+        MergedDiscovery::compile(&DiscoveryConfig {
+            apis: JsonDocument::from_str(APIS).unwrap(),
+            apis_etag: "aaa".into(),
+            api: JsonDocument::from_str(API).unwrap(),
+            api_etag: "bbb".into(),
+            legacy: BTreeMap::from([
+                ("/apis".to_string(), JsonDocument::from_str(GROUPS).unwrap()),
+                (
+                    "/apis/resource.k8s.io/v1beta2".to_string(),
+                    JsonDocument::from_str("{}").unwrap(),
+                ),
+            ]),
+        })
+    }
+
+    fn headers<'a>(accept: &'a str, inm: Option<&'a str>) -> DiscoveryHeaders<'a> {
+        DiscoveryHeaders {
+            accept: Some(accept.as_bytes()),
+            if_none_match: inm.map(str::as_bytes),
+            accept_encoding: None,
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn answers_like_design_md() {
+        let m = merged();
+        let kubectl = format!("{V2},{V2BETA1},application/json");
+        let nopeer = format!("{V2};profile=nopeer,{V2},application/json");
+        let json_first = format!("application/json,{V2};q=0.1");
+        let proto_only = "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+        // (method, path, accept, if-none-match, expected: None = pass / Some((status, type, etag, body)))
+        type Want = Option<(u16, &'static str, Option<&'static str>, &'static str)>;
+        type Case<'a> = (&'a str, &'a str, &'a str, Option<&'a str>, Want, PassReason);
+        let cases: Vec<Case> = vec![
+            (
+                "GET",
+                "/apis",
+                &kubectl,
+                None,
+                Some((200, V2, Some("\"aaa\""), APIS)),
+                PassReason::NotDiscovery,
+            ),
+            (
+                "GET",
+                "/apis?timeout=32s",
+                &kubectl,
+                None,
+                Some((200, V2, Some("\"aaa\""), APIS)),
+                PassReason::NotDiscovery,
+            ),
+            (
+                "GET",
+                "/api",
+                &kubectl,
+                None,
+                Some((200, V2, Some("\"bbb\""), API)),
+                PassReason::NotDiscovery,
+            ),
+            (
+                "HEAD",
+                "/apis",
+                &kubectl,
+                None,
+                Some((200, V2, Some("\"aaa\""), "")),
+                PassReason::NotDiscovery,
+            ),
+            (
+                "GET",
+                "/apis",
+                &kubectl,
+                Some("\"aaa\""),
+                Some((304, V2, Some("\"aaa\""), "")),
+                PassReason::NotDiscovery,
+            ),
+            (
+                "GET",
+                "/apis",
+                &kubectl,
+                Some("\"zzz\""),
+                Some((200, V2, Some("\"aaa\""), APIS)),
+                PassReason::NotDiscovery,
+            ),
+            (
+                "GET",
+                "/apis",
+                &kubectl,
+                Some("W/\"aaa\""),
+                Some((200, V2, Some("\"aaa\""), APIS)),
+                PassReason::NotDiscovery,
+            ),
+            // Any aggregated clause beats plain JSON, whatever the q values.
+            (
+                "GET",
+                "/apis",
+                &json_first,
+                None,
+                Some((200, V2, Some("\"aaa\""), APIS)),
+                PassReason::NotDiscovery,
+            ),
+            // nopeer and protobuf-only go to the local apiserver.
+            ("GET", "/apis", &nopeer, None, None, PassReason::NoPeer),
+            ("GET", "/apis", proto_only, None, None, PassReason::Local),
+            // Legacy clients: merged group list, merged lists where they differ, local otherwise.
+            (
+                "GET",
+                "/apis",
+                "application/json, */*",
+                None,
+                Some((200, "application/json", None, GROUPS)),
+                PassReason::NotDiscovery,
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta2",
+                "application/json, */*",
+                None,
+                Some((200, "application/json", None, "{}")),
+                PassReason::NotDiscovery,
+            ),
+            (
+                "GET",
+                "/apis/apps/v1",
+                "application/json, */*",
+                None,
+                None,
+                PassReason::Local,
+            ),
+            (
+                "GET",
+                "/api",
+                "application/json, */*",
+                None,
+                None,
+                PassReason::Local,
+            ),
+            // Not discovery at all.
+            (
+                "GET",
+                "/apis/apps/v1/deployments",
+                &kubectl,
+                None,
+                None,
+                PassReason::NotDiscovery,
+            ),
+            (
+                "POST",
+                "/apis",
+                &kubectl,
+                None,
+                None,
+                PassReason::NotDiscovery,
+            ),
+            (
+                "GET",
+                "/healthz",
+                &kubectl,
+                None,
+                None,
+                PassReason::NotDiscovery,
+            ),
+            // Garbage Accept: the local apiserver says what is wrong with it.
+            ("GET", "/apis", ";;;,,,", None, None, PassReason::Local),
+        ];
+        for (method, path, accept, inm, want, reason) in cases {
+            let (answer, why) = m.answer(method, path, headers(accept, inm));
+            let got = match answer {
+                DiscoveryAnswer::Pass => None,
+                DiscoveryAnswer::Respond(r) => Some((
+                    r.status,
+                    r.content_type,
+                    r.etag.map(str::to_string),
+                    String::from_utf8(r.body.to_vec()).unwrap(),
+                )),
+            };
+            let want = want.map(|(s, t, e, b)| (s, t, e.map(str::to_string), b.to_string()));
+            assert_eq!(got, want, "{method} {path} accept={accept} inm={inm:?}");
+            assert_eq!(why, reason, "{method} {path} accept={accept}");
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn v2beta1_only_clients_get_the_merged_document_as_v2beta1() {
+        let m = merged();
+        let (answer, _) = m.answer("GET", "/apis", headers(V2BETA1, None));
+        let DiscoveryAnswer::Respond(r) = answer else {
+            panic!("not answered")
+        };
+        assert_eq!(r.content_type, V2BETA1);
+        assert_eq!(r.etag, Some("\"aaa-v2beta1\""));
+        let body = std::str::from_utf8(r.body).unwrap();
+        assert_eq!(
+            body,
+            APIS.replace("apidiscovery.k8s.io/v2", "apidiscovery.k8s.io/v2beta1")
+        );
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn large_documents_are_gzipped_for_clients_that_accept_it() {
+        let items: Vec<String> = (0..4000)
+            .map(|i| format!(r#"{{"metadata":{{"name":"group-{i}.example.com"}},"versions":[{{"version":"v1","resources":[]}}]}}"#))
+            .collect();
+        let big = format!(
+            r#"{{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{{}},"items":[{}]}}"#,
+            items.join(",")
+        );
+        assert!(big.len() > GZIP_THRESHOLD_BYTES);
+        let m = MergedDiscovery::compile(&DiscoveryConfig {
+            apis: JsonDocument::from_str(&big).unwrap(),
+            apis_etag: "e".into(),
+            api: JsonDocument::from_str(API).unwrap(),
+            api_etag: "f".into(),
+            legacy: BTreeMap::new(),
+        });
+        for (encoding, want_gzip) in [
+            (Some("gzip"), true),
+            (Some("deflate, gzip;q=0.5"), true),
+            (Some("gzip;q=0"), false),
+            (Some("br"), false),
+            (None, false),
+        ] {
+            let h = DiscoveryHeaders {
+                accept: Some(V2.as_bytes()),
+                if_none_match: None,
+                accept_encoding: encoding.map(str::as_bytes),
+            };
+            let (DiscoveryAnswer::Respond(r), _) = m.answer("GET", "/apis", h) else {
+                panic!("not answered")
+            };
+            assert_eq!(r.gzip, want_gzip, "{encoding:?}");
+            if want_gzip {
+                assert!(
+                    r.body.len() < big.len() / 5,
+                    "compressed to {}",
+                    r.body.len()
+                );
+                assert_eq!(gzip::decompress(r.body).unwrap(), big.as_bytes());
+            } else {
+                assert_eq!(r.body, big.as_bytes());
+            }
+        }
+        // Small documents are never compressed.
+        let h = DiscoveryHeaders {
+            accept: Some(V2.as_bytes()),
+            if_none_match: None,
+            accept_encoding: Some(b"gzip"),
+        };
+        let (DiscoveryAnswer::Respond(r), _) = m.answer("GET", "/api", h) else {
+            panic!("not answered")
+        };
+        assert!(!r.gzip);
+    }
+}

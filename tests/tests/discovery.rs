@@ -1,0 +1,244 @@
+//! Peer-aggregated discovery through real Envoy, checked with real clients: kubectl 1.37
+//! (aggregated v2), Debian's kubectl 1.20 (legacy discovery only) and raw HTTP. A 1.30
+//! apiserver is behind Envoy with a 1.33 peer; the expected unions are computed here, straight
+//! from the fixture files, independently of skewgate's merge code.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use anyhow::Result;
+use serde_json::Value;
+use skewgate_tests::{fixture, kubectl, kubectl_1_20_bin, kubectl_with, Envoy, SimApiserver};
+
+const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+const V2BETA1: &str = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// (group, version, resource) of every top-level resource a fixture serves, core included.
+fn gvrs(fixture_name: &str) -> BTreeSet<(String, String, String)> {
+    let dir = fixture(fixture_name);
+    let mut out = BTreeSet::new();
+    let apis = read_json(&dir.join("aggregated_v2.json"));
+    for group in apis["items"].as_array().unwrap() {
+        let g = group["metadata"]["name"].as_str().unwrap();
+        for version in group["versions"].as_array().unwrap() {
+            let v = version["version"].as_str().unwrap();
+            for r in version["resources"].as_array().unwrap() {
+                out.insert((g.into(), v.into(), r["resource"].as_str().unwrap().into()));
+            }
+        }
+    }
+    let core = read_json(&dir.join("api__v1.json"));
+    for r in core["resources"].as_array().unwrap() {
+        let name = r["name"].as_str().unwrap();
+        if !name.contains('/') {
+            out.insert((String::new(), "v1".into(), name.into()));
+        }
+    }
+    out
+}
+
+fn union() -> BTreeSet<(String, String, String)> {
+    gvrs("k8s-1.30").union(&gvrs("k8s-1.33")).cloned().collect()
+}
+
+/// `kubectl api-resources -o name` spelling: `pods`, `deployments.apps`.
+fn resource_names(gvrs: &BTreeSet<(String, String, String)>) -> BTreeSet<String> {
+    gvrs.iter()
+        .map(|(g, _, r)| {
+            if g.is_empty() {
+                r.clone()
+            } else {
+                format!("{r}.{g}")
+            }
+        })
+        .collect()
+}
+
+fn lines(out: &str) -> BTreeSet<String> {
+    out.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+async fn mixed_cluster() -> Result<(SimApiserver, SimApiserver, Envoy)> {
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
+    let envoy = Envoy::start(&a, &[&b]).await?;
+    Ok((a, b, envoy))
+}
+
+#[tokio::test]
+async fn kubectl_api_resources_and_api_versions_list_the_union() -> Result<()> {
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    let kubeconfig = envoy.kubeconfig()?;
+    let expected = resource_names(&union());
+    // The union is strictly more than either side: the test would catch a local-only answer.
+    assert!(expected.len() > resource_names(&gvrs("k8s-1.30")).len());
+    assert!(expected.len() > resource_names(&gvrs("k8s-1.33")).len());
+
+    let (ok, out, err) = kubectl(&kubeconfig, &["api-resources", "-o", "name"]).await?;
+    assert!(ok, "{err}");
+    assert_eq!(lines(&out), expected);
+
+    let (ok, out, err) = kubectl(&kubeconfig, &["api-versions"]).await?;
+    assert!(ok, "{err}");
+    let versions: BTreeSet<String> = union()
+        .iter()
+        .map(|(g, v, _)| {
+            if g.is_empty() {
+                v.clone()
+            } else {
+                format!("{g}/{v}")
+            }
+        })
+        .collect();
+    assert_eq!(lines(&out), versions);
+
+    // The preferred version of resource.k8s.io is the newest the cluster serves.
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &["api-resources", "--api-group=resource.k8s.io", "-o", "wide"],
+    )
+    .await?;
+    assert!(ok, "{err}");
+    let claims = out
+        .lines()
+        .find(|l| l.starts_with("resourceclaims "))
+        .unwrap_or_default();
+    assert!(claims.contains("resource.k8s.io/v1beta2"), "{out}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubectl_gets_every_peer_only_resource_by_name() -> Result<()> {
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    let kubeconfig = envoy.kubeconfig()?;
+    let peer_only: Vec<_> = gvrs("k8s-1.33")
+        .difference(&gvrs("k8s-1.30"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        peer_only.len(),
+        23,
+        "PROVENANCE.md counts 23 GVRs only 1.33 serves"
+    );
+    for (g, v, r) in peer_only {
+        let name = format!("{r}.{v}.{g}");
+        let (ok, out, err) = kubectl(&kubeconfig, &["get", &name, "-A"]).await?;
+        assert!(ok, "kubectl get {name}: {out}{err}");
+    }
+    // And a created object comes back from the peer through the resolved name.
+    let manifest = envoy.dir.path().join("claim.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: resource.k8s.io/v1beta2\nkind: ResourceClaim\nmetadata:\n  name: by-name\n  namespace: default\nspec: {}\n",
+    )?;
+    let (ok, out, err) =
+        kubectl(&kubeconfig, &["create", "-f", &manifest.to_string_lossy()]).await?;
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "resourceclaims.v1beta2.resource.k8s.io",
+            "by-name",
+            "-n",
+            "default",
+            "-o",
+            "json",
+        ],
+    )
+    .await?;
+    assert!(ok, "{err}");
+    let object: Value = serde_json::from_str(&out)?;
+    assert_eq!(
+        object["metadata"]["annotations"]["skewgate.test/served-by"],
+        "apiserver-b"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn nopeer_returns_the_local_document_byte_for_byte() -> Result<()> {
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    let client = reqwest::Client::new();
+    let local = std::fs::read(fixture("k8s-1.30").join("aggregated_v2.json"))?;
+    let resp = client
+        .get(format!("{}/apis", envoy.url()))
+        .header(
+            "accept",
+            format!("{V2};profile=nopeer,{V2},application/json"),
+        )
+        .send()
+        .await?;
+    assert_eq!(resp.headers()["x-sim-apiserver"], "apiserver-a");
+    assert_eq!(resp.bytes().await?.as_ref(), local.as_slice());
+
+    // Without nopeer: the merged document, answered by the filter with kube's headers.
+    let resp = client
+        .get(format!("{}/apis", envoy.url()))
+        .header("accept", format!("{V2},application/json"))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("x-sim-apiserver").is_none());
+    assert_eq!(resp.headers()["content-type"], V2);
+    assert_eq!(resp.headers()["vary"], "Accept");
+    assert_eq!(resp.headers()["cache-control"], "public");
+    let etag = resp.headers()["etag"].to_str()?.to_string();
+    assert!(etag.starts_with('"') && etag.ends_with('"'), "{etag}");
+    let merged: Value = resp.json().await?;
+    assert_eq!(merged["apiVersion"], "apidiscovery.k8s.io/v2");
+
+    // Revalidation.
+    let resp = client
+        .get(format!("{}/apis", envoy.url()))
+        .header("accept", V2)
+        .header("if-none-match", &etag)
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 304);
+    // HEAD.
+    let resp = client
+        .head(format!("{}/apis", envoy.url()))
+        .header("accept", V2)
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["etag"].to_str()?, etag);
+    // v2beta1-only clients (client-go 1.26-1.29) get the same union as v2beta1.
+    let resp = client
+        .get(format!("{}/apis", envoy.url()))
+        .header("accept", V2BETA1)
+        .send()
+        .await?;
+    assert_eq!(resp.headers()["content-type"], V2BETA1);
+    let beta: Value = resp.json().await?;
+    assert_eq!(beta["apiVersion"], "apidiscovery.k8s.io/v2beta1");
+    assert_eq!(beta["items"], merged["items"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubectl_1_20_sees_the_union_through_legacy_discovery() -> Result<()> {
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    let kubeconfig = envoy.kubeconfig()?;
+    let old = kubectl_1_20_bin()?;
+    let (ok, out, err) = kubectl_with(&old, &kubeconfig, &["api-resources", "-o", "name"]).await?;
+    assert!(ok, "{err}");
+    assert_eq!(lines(&out), resource_names(&union()));
+    let (ok, out, err) = kubectl_with(
+        &old,
+        &kubeconfig,
+        &["get", "resourceclaims.v1beta2.resource.k8s.io", "-A"],
+    )
+    .await?;
+    assert!(ok, "{out}{err}");
+    Ok(())
+}
