@@ -7,3 +7,4 @@ pub mod documents;
 pub mod merge;
 pub mod merged;
 pub mod routing;
+pub mod xds;

@@ -1,0 +1,622 @@
+//! Delta xDS bookkeeping for one ADS stream, as a pure state machine (no I/O, no clock).
+//!
+//! Per type URL the stream tracks what the client subscribes to (wildcard and/or names), what
+//! it holds (name → version: its `initial_resource_versions` on (re)connect, then every
+//! ACKed response), the one response in flight, and the versions it refused. From that and
+//! the current [`Snapshot`], [`DeltaStream::next_response`] computes the next response due:
+//!
+//! - only added or changed resources are sent, and `removed_resources` for held names the
+//!   snapshot no longer has; a client that reconnects holding the current versions gets
+//!   nothing;
+//! - at most one response per type is in flight; the next one waits for its ACK or NACK;
+//! - a NACKed version is never sent again: the client keeps its last good resource and the
+//!   next push for that name happens only when the snapshot brings a different version;
+//! - make before break: a filter configuration (ECDS) is sent only once every cluster of the
+//!   snapshot was acknowledged (or refused), and a cluster is removed only once the client
+//!   holds the snapshot's filter configuration. After a refused filter configuration the
+//!   client keeps routing with its previous one, so the clusters that one names stay.
+//!
+//! Subscriptions follow the delta protocol: the first request of a type with no names (or with
+//! `*`) is a wildcard subscription (CDS); `*` in `resource_names_unsubscribe` ends it; other
+//! names subscribe by name (ECDS). Unsubscribed names are forgotten (the client drops them).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
+};
+
+use super::resources::{Snapshot, Versioned};
+use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
+
+const WILDCARD: &str = "*";
+
+/// What one request meant, for logs and counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Received {
+    /// The in-flight response of this type was applied.
+    Ack,
+    /// The in-flight response of this type was refused; `refused` (name → version) will not be
+    /// sent again.
+    Nack {
+        message: String,
+        refused: BTreeMap<String, String>,
+    },
+    /// A nonce this stream has no response in flight for (already settled, or never sent).
+    Stale { nonce: String },
+    /// No nonce: a first request or a subscription change.
+    Subscription,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct InFlight {
+    nonce: String,
+    updated: BTreeMap<String, String>,
+    removed: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+struct TypeState {
+    wildcard: bool,
+    names: BTreeSet<String>,
+    /// What the client holds: name → version.
+    held: BTreeMap<String, String>,
+    /// Versions the client refused: name → version.
+    rejected: BTreeMap<String, String>,
+    in_flight: Option<InFlight>,
+}
+
+impl TypeState {
+    fn wants(&self, name: &str) -> bool {
+        self.wildcard || self.names.contains(name)
+    }
+
+    /// Resources to send: wanted, neither held nor refused at the snapshot's version.
+    fn upserts<'a>(
+        &self,
+        resources: &'a BTreeMap<String, Versioned>,
+    ) -> Vec<(&'a String, &'a Versioned)> {
+        resources
+            .iter()
+            .filter(|(name, v)| {
+                self.wants(name)
+                    && self.held.get(*name) != Some(&v.version)
+                    && self.rejected.get(*name) != Some(&v.version)
+            })
+            .collect()
+    }
+
+    /// Held names the snapshot no longer has.
+    fn removals(&self, resources: &BTreeMap<String, Versioned>) -> Vec<String> {
+        self.held
+            .keys()
+            .filter(|name| !resources.contains_key(*name))
+            .cloned()
+            .collect()
+    }
+
+    /// The client holds exactly the snapshot's resources of this type.
+    fn in_sync(&self, resources: &BTreeMap<String, Versioned>) -> bool {
+        self.in_flight.is_none()
+            && self.removals(resources).is_empty()
+            && resources
+                .iter()
+                .filter(|(name, _)| self.wants(name))
+                .all(|(name, v)| self.held.get(name) == Some(&v.version))
+    }
+}
+
+/// The delta bookkeeping of one ADS stream.
+#[derive(Debug)]
+pub struct DeltaStream {
+    nonce_prefix: String,
+    next_nonce: u64,
+    types: BTreeMap<String, TypeState>,
+}
+
+impl DeltaStream {
+    /// `nonce_prefix` makes nonces unique across streams (for logs; the protocol needs them
+    /// unique per stream only).
+    pub fn new(nonce_prefix: impl Into<String>) -> Self {
+        DeltaStream {
+            nonce_prefix: nonce_prefix.into(),
+            next_nonce: 1,
+            types: BTreeMap::new(),
+        }
+    }
+
+    /// What the client holds of `type_url` (name → version), as far as this stream knows.
+    pub fn held(&self, type_url: &str) -> Option<&BTreeMap<String, String>> {
+        self.types.get(type_url).map(|t| &t.held)
+    }
+
+    /// Apply one request from the client.
+    pub fn on_request(&mut self, request: &DeltaDiscoveryRequest) -> Received {
+        let first = !self.types.contains_key(&request.type_url);
+        let state = self.types.entry(request.type_url.clone()).or_default();
+        if first {
+            state.wildcard = request.resource_names_subscribe.is_empty()
+                || request
+                    .resource_names_subscribe
+                    .iter()
+                    .any(|n| n == WILDCARD);
+            state.held = request
+                .initial_resource_versions
+                .iter()
+                .map(|(name, version)| (name.clone(), version.clone()))
+                .collect();
+        }
+        for name in &request.resource_names_subscribe {
+            if name == WILDCARD {
+                state.wildcard = true;
+            } else {
+                state.names.insert(name.clone());
+            }
+        }
+        for name in &request.resource_names_unsubscribe {
+            if name == WILDCARD {
+                state.wildcard = false;
+            } else {
+                state.names.remove(name);
+            }
+        }
+        let received = if request.response_nonce.is_empty() {
+            Received::Subscription
+        } else {
+            match state.in_flight.take() {
+                Some(in_flight) if in_flight.nonce == request.response_nonce => {
+                    match &request.error_detail {
+                        Some(status) => {
+                            state.rejected.extend(in_flight.updated.clone());
+                            Received::Nack {
+                                message: status.message.clone(),
+                                refused: in_flight.updated,
+                            }
+                        }
+                        None => {
+                            state.held.extend(in_flight.updated);
+                            for name in &in_flight.removed {
+                                state.held.remove(name);
+                            }
+                            Received::Ack
+                        }
+                    }
+                }
+                other => {
+                    state.in_flight = other;
+                    Received::Stale {
+                        nonce: request.response_nonce.clone(),
+                    }
+                }
+            }
+        };
+        // The client forgets what it no longer subscribes to.
+        let TypeState {
+            held,
+            rejected,
+            wildcard,
+            names,
+            ..
+        } = state;
+        let wants = |name: &String| *wildcard || names.contains(name);
+        held.retain(|name, _| wants(name));
+        rejected.retain(|name, _| wants(name));
+        received
+    }
+
+    /// The next response due for `snapshot`, if any. Call until it returns `None` after every
+    /// request and every snapshot change. With no snapshot (no complete sync yet) nothing is
+    /// ever due: Envoy keeps waiting (and its listener stays closed).
+    pub fn next_response(&mut self, snapshot: Option<&Snapshot>) -> Option<DeltaDiscoveryResponse> {
+        let snapshot = snapshot?;
+        let clusters = &snapshot.clusters;
+        let filters = &snapshot.extension_configs;
+
+        // Clusters first: additions and changes now, removals once the client holds a filter
+        // configuration that no longer names them.
+        if let Some(cds) = self.types.get(CLUSTER_TYPE_URL) {
+            if cds.in_flight.is_none() {
+                let upserts = cds.upserts(clusters);
+                let filters_settled = self
+                    .types
+                    .get(EXTENSION_CONFIG_TYPE_URL)
+                    .is_none_or(|ecds| ecds.in_sync(filters));
+                let removals = if filters_settled {
+                    cds.removals(clusters)
+                } else {
+                    Vec::new()
+                };
+                if !upserts.is_empty() || !removals.is_empty() {
+                    let upserts = owned(upserts);
+                    return Some(self.respond(CLUSTER_TYPE_URL, snapshot, upserts, removals));
+                }
+            }
+        }
+
+        // Then the filter configuration, once every cluster it may name is in place.
+        let clusters_ready = self
+            .types
+            .get(CLUSTER_TYPE_URL)
+            .is_none_or(|cds| cds.in_flight.is_none() && cds.upserts(clusters).is_empty());
+        if clusters_ready {
+            if let Some(ecds) = self.types.get(EXTENSION_CONFIG_TYPE_URL) {
+                if ecds.in_flight.is_none() {
+                    let upserts = owned(ecds.upserts(filters));
+                    let removals = ecds.removals(filters);
+                    if !upserts.is_empty() || !removals.is_empty() {
+                        return Some(self.respond(
+                            EXTENSION_CONFIG_TYPE_URL,
+                            snapshot,
+                            upserts,
+                            removals,
+                        ));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn respond(
+        &mut self,
+        type_url: &str,
+        snapshot: &Snapshot,
+        upserts: Vec<(String, Versioned)>,
+        removed: Vec<String>,
+    ) -> DeltaDiscoveryResponse {
+        let nonce = format!("{}{}", self.nonce_prefix, self.next_nonce);
+        self.next_nonce += 1;
+        let state = self.types.entry(type_url.to_string()).or_default();
+        state.in_flight = Some(InFlight {
+            nonce: nonce.clone(),
+            updated: upserts
+                .iter()
+                .map(|(name, v)| (name.clone(), v.version.clone()))
+                .collect(),
+            removed: removed.clone(),
+        });
+        DeltaDiscoveryResponse {
+            system_version_info: snapshot.version(),
+            type_url: type_url.to_string(),
+            resources: upserts
+                .into_iter()
+                .map(|(name, v)| Resource {
+                    name,
+                    version: v.version,
+                    resource: Some(v.resource),
+                    ..Default::default()
+                })
+                .collect(),
+            removed_resources: removed,
+            nonce,
+            ..Default::default()
+        }
+    }
+}
+
+fn owned(upserts: Vec<(&String, &Versioned)>) -> Vec<(String, Versioned)> {
+    upserts
+        .into_iter()
+        .map(|(name, v)| (name.clone(), v.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use envoy_types::pb::google::protobuf::Any;
+    use envoy_types::pb::google::rpc::Status;
+
+    use super::*;
+
+    const CDS: &str = CLUSTER_TYPE_URL;
+    const ECDS: &str = EXTENSION_CONFIG_TYPE_URL;
+
+    /// A snapshot from (cluster name, content) and (filter name, content) pairs; the content
+    /// stands in for the encoded resource.
+    fn snap(clusters: &[(&str, &str)], filters: &[(&str, &str)]) -> Snapshot {
+        let versioned = |type_url: &str, content: &str| {
+            Versioned::new(Any {
+                type_url: type_url.to_string(),
+                value: content.as_bytes().to_vec(),
+            })
+        };
+        Snapshot {
+            clusters: clusters
+                .iter()
+                .map(|(n, c)| (n.to_string(), versioned(CDS, c)))
+                .collect(),
+            extension_configs: filters
+                .iter()
+                .map(|(n, c)| (n.to_string(), versioned(ECDS, c)))
+                .collect(),
+        }
+    }
+
+    fn subscribe(type_url: &str, names: &[&str]) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: type_url.to_string(),
+            resource_names_subscribe: names.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn reconnect(type_url: &str, names: &[&str], held: &[(&str, &str)]) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            initial_resource_versions: held
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>(),
+            ..subscribe(type_url, names)
+        }
+    }
+
+    fn ack(r: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: r.type_url.clone(),
+            response_nonce: r.nonce.clone(),
+            ..Default::default()
+        }
+    }
+
+    fn nack(r: &DeltaDiscoveryResponse, message: &str) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            error_detail: Some(Status {
+                code: 3,
+                message: message.to_string(),
+                details: Vec::new(),
+            }),
+            ..ack(r)
+        }
+    }
+
+    /// (type, sent names, removed names) of a response.
+    fn shape(r: &DeltaDiscoveryResponse) -> (&str, Vec<&str>, Vec<&str>) {
+        (
+            r.type_url.as_str(),
+            r.resources.iter().map(|x| x.name.as_str()).collect(),
+            r.removed_resources.iter().map(String::as_str).collect(),
+        )
+    }
+
+    fn version(s: &Snapshot, type_url: &str, name: &str) -> String {
+        s.resources(type_url).expect("type")[name].version.clone()
+    }
+
+    /// A stream that subscribed CDS (wildcard) and ECDS (`skewgate`) and holds `s` fully.
+    fn synced(s: &Snapshot) -> DeltaStream {
+        let mut st = DeltaStream::new("t-");
+        st.on_request(&subscribe(CDS, &[]));
+        st.on_request(&subscribe(ECDS, &["skewgate"]));
+        while let Some(r) = st.next_response(Some(s)) {
+            assert_eq!(st.on_request(&ack(&r)), Received::Ack);
+        }
+        st
+    }
+
+    #[test]
+    fn nothing_is_sent_before_the_first_snapshot() {
+        let mut st = DeltaStream::new("t-");
+        assert_eq!(st.on_request(&subscribe(CDS, &[])), Received::Subscription);
+        assert_eq!(
+            st.on_request(&subscribe(ECDS, &["skewgate"])),
+            Received::Subscription
+        );
+        assert_eq!(st.next_response(None), None);
+    }
+
+    #[test]
+    fn initial_sync_sends_clusters_then_the_filter_config() {
+        let s = snap(&[("local", "l"), ("peers-b", "b")], &[("skewgate", "f1")]);
+        let mut st = DeltaStream::new("t-");
+        st.on_request(&subscribe(CDS, &[]));
+        st.on_request(&subscribe(ECDS, &["skewgate"]));
+
+        let r1 = st.next_response(Some(&s)).expect("clusters");
+        assert_eq!(shape(&r1), (CDS, vec!["local", "peers-b"], vec![]));
+        assert_eq!(r1.resources[0].version, version(&s, CDS, "local"));
+        assert_eq!(
+            r1.resources[0].resource,
+            Some(s.clusters["local"].resource.clone())
+        );
+        // The filter configuration waits for the clusters' ACK.
+        assert_eq!(st.next_response(Some(&s)), None);
+        assert_eq!(st.on_request(&ack(&r1)), Received::Ack);
+
+        let r2 = st.next_response(Some(&s)).expect("filter config");
+        assert_eq!(shape(&r2), (ECDS, vec!["skewgate"], vec![]));
+        assert_ne!(r2.nonce, r1.nonce);
+        assert_eq!(st.next_response(Some(&s)), None, "one in flight per type");
+        assert_eq!(st.on_request(&ack(&r2)), Received::Ack);
+        assert_eq!(st.next_response(Some(&s)), None, "in sync");
+        assert_eq!(
+            st.held(ECDS).expect("ecds"),
+            &BTreeMap::from([("skewgate".to_string(), version(&s, ECDS, "skewgate"))])
+        );
+    }
+
+    #[test]
+    fn a_subscription_by_name_gets_only_that_name() {
+        let s = snap(&[], &[("skewgate", "f"), ("other", "o")]);
+        let mut st = DeltaStream::new("t-");
+        st.on_request(&subscribe(ECDS, &["skewgate"]));
+        let r = st.next_response(Some(&s)).expect("sent");
+        assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+    }
+
+    #[test]
+    fn a_change_sends_only_what_changed() {
+        let s1 = snap(&[("local", "l"), ("peers-b", "b")], &[("skewgate", "f1")]);
+        let mut st = synced(&s1);
+        let s2 = snap(&[("local", "l"), ("peers-b", "b2")], &[("skewgate", "f1")]);
+        let r = st.next_response(Some(&s2)).expect("changed cluster");
+        assert_eq!(shape(&r), (CDS, vec!["peers-b"], vec![]));
+        st.on_request(&ack(&r));
+        assert_eq!(st.next_response(Some(&s2)), None);
+    }
+
+    #[test]
+    fn a_nack_keeps_the_last_good_config_and_is_not_pushed_again() {
+        let s1 = snap(&[("local", "l")], &[("skewgate", "good")]);
+        let mut st = synced(&s1);
+        let good = version(&s1, ECDS, "skewgate");
+
+        let s2 = snap(&[("local", "l")], &[("skewgate", "bad")]);
+        let r = st.next_response(Some(&s2)).expect("pushed once");
+        assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+        let received = st.on_request(&nack(&r, "undeclared cluster"));
+        assert_eq!(
+            received,
+            Received::Nack {
+                message: "undeclared cluster".into(),
+                refused: BTreeMap::from([("skewgate".into(), version(&s2, ECDS, "skewgate"))]),
+            }
+        );
+        // No loop: the same snapshot (or an equal one) never pushes the refused version again.
+        for _ in 0..3 {
+            assert_eq!(st.next_response(Some(&s2)), None);
+            assert_eq!(st.next_response(Some(&s2.clone())), None);
+        }
+        assert_eq!(
+            st.held(ECDS).expect("ecds")["skewgate"],
+            good,
+            "last good kept"
+        );
+
+        // Going back to the held version needs no push; a new version is pushed.
+        assert_eq!(st.next_response(Some(&s1)), None);
+        let s3 = snap(&[("local", "l")], &[("skewgate", "fixed")]);
+        let r = st.next_response(Some(&s3)).expect("new version");
+        assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+        assert_eq!(st.on_request(&ack(&r)), Received::Ack);
+        assert_eq!(st.next_response(Some(&s3)), None);
+    }
+
+    #[test]
+    fn clusters_are_added_before_and_removed_after_the_filter_config() {
+        let s1 = snap(
+            &[("local", "l"), ("peers-b", "b")],
+            &[("skewgate", "uses b")],
+        );
+        let mut st = synced(&s1);
+        // b is gone, c appears: add c, then the config naming c, then remove b.
+        let s2 = snap(
+            &[("local", "l"), ("peers-c", "c")],
+            &[("skewgate", "uses c")],
+        );
+        let r = st.next_response(Some(&s2)).expect("add");
+        assert_eq!(shape(&r), (CDS, vec!["peers-c"], vec![]));
+        st.on_request(&ack(&r));
+        let r = st.next_response(Some(&s2)).expect("config");
+        assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+        assert_eq!(
+            st.next_response(Some(&s2)),
+            None,
+            "b stays until the config is held"
+        );
+        st.on_request(&ack(&r));
+        let r = st.next_response(Some(&s2)).expect("remove");
+        assert_eq!(shape(&r), (CDS, vec![], vec!["peers-b"]));
+        st.on_request(&ack(&r));
+        assert_eq!(st.next_response(Some(&s2)), None);
+        assert_eq!(
+            st.held(CDS).expect("cds").keys().collect::<Vec<_>>(),
+            vec!["local", "peers-c"]
+        );
+    }
+
+    #[test]
+    fn clusters_the_last_good_config_names_stay_after_a_nack() {
+        let s1 = snap(
+            &[("local", "l"), ("peers-b", "b")],
+            &[("skewgate", "uses b")],
+        );
+        let mut st = synced(&s1);
+        let s2 = snap(&[("local", "l")], &[("skewgate", "refused")]);
+        let r = st.next_response(Some(&s2)).expect("config");
+        assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+        assert!(matches!(
+            st.on_request(&nack(&r, "no")),
+            Received::Nack { .. }
+        ));
+        assert_eq!(st.next_response(Some(&s2)), None, "peers-b is not removed");
+        assert!(st.held(CDS).expect("cds").contains_key("peers-b"));
+    }
+
+    #[test]
+    fn a_reconnecting_client_gets_only_what_it_lacks() {
+        let s = snap(&[("local", "l"), ("peers-b", "b")], &[("skewgate", "f")]);
+        let current = |t, n| version(&s, t, n);
+
+        // Holds everything: nothing to send.
+        let mut st = DeltaStream::new("t-");
+        st.on_request(&reconnect(
+            CDS,
+            &["*"],
+            &[
+                ("local", &current(CDS, "local")),
+                ("peers-b", &current(CDS, "peers-b")),
+            ],
+        ));
+        st.on_request(&reconnect(
+            ECDS,
+            &["skewgate"],
+            &[("skewgate", &current(ECDS, "skewgate"))],
+        ));
+        assert_eq!(st.next_response(Some(&s)), None);
+
+        // Holds an old cluster version and a cluster that is gone: send one, then the
+        // (unchanged) config needs nothing, then remove the old one.
+        let mut st = DeltaStream::new("t-");
+        st.on_request(&reconnect(
+            CDS,
+            &[],
+            &[
+                ("local", &current(CDS, "local")),
+                ("peers-b", "old"),
+                ("peers-gone", "x"),
+            ],
+        ));
+        st.on_request(&reconnect(
+            ECDS,
+            &["skewgate"],
+            &[("skewgate", &current(ECDS, "skewgate"))],
+        ));
+        let r = st.next_response(Some(&s)).expect("update and removal");
+        assert_eq!(shape(&r), (CDS, vec!["peers-b"], vec!["peers-gone"]));
+        st.on_request(&ack(&r));
+        assert_eq!(st.next_response(Some(&s)), None);
+    }
+
+    #[test]
+    fn stale_nonces_and_unsubscribes() {
+        let s = snap(&[("local", "l")], &[("skewgate", "f")]);
+        let mut st = synced(&s);
+        let stale = DeltaDiscoveryRequest {
+            type_url: ECDS.into(),
+            response_nonce: "t-1".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            st.on_request(&stale),
+            Received::Stale {
+                nonce: "t-1".into()
+            }
+        );
+        assert_eq!(st.next_response(Some(&s)), None);
+
+        let unsubscribe = DeltaDiscoveryRequest {
+            type_url: ECDS.into(),
+            resource_names_unsubscribe: vec!["skewgate".into()],
+            ..Default::default()
+        };
+        st.on_request(&unsubscribe);
+        assert!(st.held(ECDS).expect("ecds").is_empty());
+        let s2 = snap(&[("local", "l")], &[("skewgate", "f2")]);
+        assert_eq!(st.next_response(Some(&s2)), None, "not subscribed");
+        st.on_request(&subscribe(ECDS, &["skewgate"]));
+        let r = st.next_response(Some(&s2)).expect("subscribed again");
+        assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+    }
+}

@@ -1,0 +1,242 @@
+//! The ADS gRPC server: a thin tonic shell around [`DeltaStream`].
+//!
+//! Each delta stream runs one task that owns its [`DeltaStream`] and waits on two things: the
+//! client's next request and the next snapshot. After either it sends every response that is
+//! due. While the snapshot `watch` holds `None` (no complete sync yet) nothing is ever due, so
+//! Envoy keeps waiting: its listener stays closed (ECDS warming) and, on a reconnect, it keeps
+//! serving with what it holds.
+//!
+//! State-of-the-World ADS is refused with `UNIMPLEMENTED`: the bootstrap asks for
+//! `DELTA_GRPC`, and SotW would need a second copy of the make-before-break ordering.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::delta::{DeltaStream, Received};
+use super::metrics::XdsMetrics;
+use super::resources::Snapshot;
+use super::XdsError;
+
+/// The snapshots the server serves: `None` until the first complete sync.
+pub type Snapshots = watch::Receiver<Option<Arc<Snapshot>>>;
+
+/// Largest request accepted from Envoy (NACK messages can quote a whole configuration).
+const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
+/// The `AggregatedDiscoveryService` implementation.
+#[derive(Debug)]
+pub struct Ads {
+    snapshots: Snapshots,
+    metrics: Arc<XdsMetrics>,
+    /// Turns true when the server shuts down: every stream ends with UNAVAILABLE.
+    closing: watch::Receiver<bool>,
+    next_stream: AtomicU64,
+}
+
+impl Ads {
+    pub fn new(
+        snapshots: Snapshots,
+        metrics: Arc<XdsMetrics>,
+        closing: watch::Receiver<bool>,
+    ) -> Self {
+        Ads {
+            snapshots,
+            metrics,
+            closing,
+            next_stream: AtomicU64::new(1),
+        }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = BoxStream<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = BoxStream<DeltaDiscoveryResponse>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented(
+            "skewgate serves delta ADS only: set ads_config.api_type to DELTA_GRPC",
+        ))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "unknown".to_string(), |a| a.to_string());
+        let (tx, rx) = mpsc::channel(8);
+        let task = StreamTask {
+            id,
+            inbound: request.into_inner(),
+            outbound: tx,
+            snapshots: self.snapshots.clone(),
+            closing: self.closing.clone(),
+            metrics: self.metrics.clone(),
+            state: DeltaStream::new(format!("{id}-")),
+        };
+        tracing::info!(stream = id, %peer, "delta ADS stream opened");
+        self.metrics.stream_opened();
+        tokio::spawn(task.run());
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+struct StreamTask {
+    id: u64,
+    inbound: Streaming<DeltaDiscoveryRequest>,
+    outbound: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    snapshots: Snapshots,
+    closing: watch::Receiver<bool>,
+    metrics: Arc<XdsMetrics>,
+    state: DeltaStream,
+}
+
+impl StreamTask {
+    async fn run(mut self) {
+        let why = self.serve().await;
+        tracing::info!(stream = self.id, "delta ADS stream closed: {why}");
+        self.metrics.stream_closed();
+    }
+
+    async fn serve(&mut self) -> String {
+        let mut snapshots_live = true;
+        loop {
+            if *self.closing.borrow() {
+                let _ = self
+                    .outbound
+                    .send(Err(Status::unavailable(
+                        "the control plane is shutting down",
+                    )))
+                    .await;
+                return "server shutting down".into();
+            }
+            // Everything due for the latest snapshot. Reading it marks it seen, so `changed`
+            // below wakes only for a newer one.
+            let snapshot = self.snapshots.borrow_and_update().clone();
+            while let Some(response) = self.state.next_response(snapshot.as_deref()) {
+                tracing::debug!(
+                    stream = self.id,
+                    type_url = %response.type_url,
+                    nonce = %response.nonce,
+                    resources = response.resources.len(),
+                    removed = response.removed_resources.len(),
+                    version = %response.system_version_info,
+                    "sending"
+                );
+                self.metrics.sent(&response.type_url);
+                if self.outbound.send(Ok(response)).await.is_err() {
+                    return "client went away".into();
+                }
+            }
+            tokio::select! {
+                message = self.inbound.message() => match message {
+                    Ok(Some(request)) => self.received(&request),
+                    Ok(None) => return "client closed the stream".into(),
+                    Err(status) => return format!("stream error: {status}"),
+                },
+                changed = self.snapshots.changed(), if snapshots_live => {
+                    if changed.is_err() {
+                        // The publisher is gone: keep serving the last snapshot.
+                        snapshots_live = false;
+                    }
+                }
+                closing = self.closing.changed() => {
+                    if closing.is_err() {
+                        // The server itself was dropped without a shutdown.
+                        let _ = self
+                            .outbound
+                            .send(Err(Status::unavailable("the control plane stopped")))
+                            .await;
+                        return "server dropped".into();
+                    }
+                }
+                _ = self.outbound.closed() => return "client went away".into(),
+            }
+        }
+    }
+
+    fn received(&mut self, request: &DeltaDiscoveryRequest) {
+        let received = self.state.on_request(request);
+        let type_url = request.type_url.as_str();
+        match received {
+            Received::Ack => {
+                tracing::debug!(stream = self.id, type_url, nonce = %request.response_nonce, "ACK");
+            }
+            Received::Nack { message, refused } => {
+                tracing::warn!(
+                    stream = self.id,
+                    type_url,
+                    nonce = %request.response_nonce,
+                    refused = ?refused,
+                    "Envoy refused the configuration (NACK); it keeps its last good one, and \
+                     the refused versions are not sent again: {message}"
+                );
+                self.metrics.nacked(type_url, &message);
+            }
+            Received::Stale { nonce } => {
+                tracing::debug!(stream = self.id, type_url, %nonce, "stale nonce ignored");
+            }
+            Received::Subscription => {
+                tracing::debug!(
+                    stream = self.id,
+                    type_url,
+                    subscribe = ?request.resource_names_subscribe,
+                    unsubscribe = ?request.resource_names_unsubscribe,
+                    initial_versions = request.initial_resource_versions.len(),
+                    "subscription"
+                );
+            }
+        }
+    }
+}
+
+/// Serve ADS on `listener` until `shutdown` completes: then every open stream ends with
+/// UNAVAILABLE (Envoy keeps its configuration and reconnects), and this returns once the
+/// connections are closed.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    snapshots: Snapshots,
+    metrics: Arc<XdsMetrics>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), XdsError> {
+    let (close_tx, close_rx) = watch::channel(false);
+    let service = AggregatedDiscoveryServiceServer::new(Ads::new(snapshots, metrics, close_rx))
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let local = listener.local_addr().ok();
+    tracing::info!(address = ?local, "xDS server listening");
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tonic::transport::Server::builder()
+        // Finds an Envoy that vanished without closing its connection.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, async move {
+            shutdown.await;
+            tracing::info!(address = ?local, "xDS server shutting down");
+            let _ = close_tx.send(true);
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,537 @@
+//! The live mode on real Envoy 1.40: the rendered `envoy/dynamic-bootstrap.yaml`, the xDS
+//! server of `skewgate_control::xds` running in this test process, the release
+//! `skewgate_filter.wasm`, and simulated apiservers (1.30 local, 1.33 peer) serving the real
+//! fixture documents.
+//!
+//! One scenario, in order: (a) before any snapshot Envoy's listener stays closed; (b) the first
+//! snapshot opens it and routes; (c) a filter configuration the filter refuses is NACKed once,
+//! not re-pushed, and Envoy keeps routing with the previous one; (d) the server stops and
+//! restarts at the same address while traffic flows: no gap, and the reconnecting Envoy is
+//! resynced from the versions it reports; (e) the restarted server pushes the next change
+//! (the peer leaves: its cluster is removed after the configuration that no longer names it).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use skewgate_control::bootstrap::Address;
+use skewgate_control::routing::{self, Peer, RoutingPlan};
+use skewgate_control::xds::bootstrap::DynamicBootstrap;
+use skewgate_control::xds::resources::filter_extension_config;
+use skewgate_control::xds::{
+    self, Snapshot, SnapshotInputs, XdsError, XdsMetrics, CLUSTER_TYPE_URL,
+    EXTENSION_CONFIG_TYPE_URL,
+};
+use skewgate_tests::{envoy_bin, wasm_path, SimApiserver, DEFAULT_REQUEST_TIMEOUT};
+use tokio::process::{Child, Command};
+use tokio::sync::{oneshot, watch};
+
+const CLAIMS_V1BETA2: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims";
+const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments";
+const CDS: &str = CLUSTER_TYPE_URL;
+const ECDS: &str = EXTENSION_CONFIG_TYPE_URL;
+
+type Publisher = watch::Sender<Option<Arc<Snapshot>>>;
+
+fn init_logs() {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let _ = tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_test_writer())
+        .with(Targets::new().with_target("skewgate_control", LevelFilter::DEBUG))
+        .try_init();
+}
+
+/// The xDS server of `skewgate_control::xds`, in this process.
+struct XdsServer {
+    address: Address,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), XdsError>>,
+}
+
+impl XdsServer {
+    async fn start(
+        listen: &str,
+        snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
+        metrics: Arc<XdsMetrics>,
+    ) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let address = Address::parse(&listener.local_addr()?.to_string())?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(xds::serve(listener, snapshots, metrics, async move {
+            let _ = stopped.await;
+        }));
+        Ok(XdsServer {
+            address,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// Stop it: every stream ends, the port closes; returns how long that took.
+    async fn stop(mut self) -> Result<Duration> {
+        let started = Instant::now();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(20), &mut self.task)
+            .await
+            .context("the xDS server did not stop within 20s")???;
+        Ok(started.elapsed())
+    }
+}
+
+/// Envoy on the rendered live-mode bootstrap.
+struct LiveEnvoy {
+    listen: Address,
+    admin: Address,
+    log_path: PathBuf,
+    _dir: tempfile::TempDir,
+    _child: Child,
+}
+
+impl LiveEnvoy {
+    /// Start Envoy and wait for its admin interface (not for its listener: that opens only
+    /// after the first sync).
+    async fn start(xds: &Address) -> Result<Self> {
+        // The listener's port is chosen here so that its closed state can be observed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let listen = Address::parse(&format!("127.0.0.1:{port}"))?;
+        let yaml = DynamicBootstrap {
+            listen: &listen,
+            admin_port: 0,
+            xds,
+            node_id: "envoy-apiserver-a",
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+        .render()?;
+        let dir = tempfile::tempdir()?;
+        let config_path = dir.path().join("envoy.yaml");
+        let admin_path = dir.path().join("admin-address");
+        let log_path = dir.path().join("envoy.log");
+        std::fs::write(&config_path, &yaml)?;
+        let mut child = Command::new(envoy_bin()?)
+            .arg("-c")
+            .arg(&config_path)
+            .arg("--admin-address-path")
+            .arg(&admin_path)
+            .arg("--log-path")
+            .arg(&log_path)
+            .args(["--disable-hot-restart", "--concurrency", "2", "-l", "info"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting envoy")?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                bail!("envoy exited with {status}:\n{log}");
+            }
+            if Instant::now() > deadline {
+                bail!("envoy's admin interface was not up within 60s");
+            }
+            if let Ok(admin) = std::fs::read_to_string(&admin_path) {
+                if let Ok(admin) = Address::parse(admin.trim()) {
+                    let url = format!("http://{}:{}/server_info", admin.host, admin.port);
+                    if client().get(url).send().await.is_ok() {
+                        return Ok(LiveEnvoy {
+                            listen,
+                            admin,
+                            log_path,
+                            _dir: dir,
+                            _child: child,
+                        });
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}:{}{path}", self.listen.host, self.listen.port)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    async fn admin(&self, path: &str) -> Result<String> {
+        let url = format!("http://{}:{}{path}", self.admin.host, self.admin.port);
+        Ok(client().get(url).send().await?.text().await?)
+    }
+
+    /// One counter or gauge from the admin `/stats`.
+    async fn stat(&self, name: &str) -> Result<u64> {
+        let stats = self.admin(&format!("/stats?filter=^{name}$")).await?;
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("stat {name} not found in {stats:?}"))
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+fn served_by(resp: &reqwest::Response) -> String {
+    resp.headers()
+        .get("x-sim-apiserver")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default()
+}
+
+/// (status, x-sim-apiserver) of a GET through Envoy.
+async fn get(envoy: &LiveEnvoy, path: &str) -> Result<(u16, String)> {
+    let resp = client().get(envoy.url(path)).send().await?;
+    Ok((resp.status().as_u16(), served_by(&resp)))
+}
+
+/// Poll until `path` answers `status` from `server`; returns when it first did.
+async fn wait_routed(envoy: &LiveEnvoy, path: &str, status: u16, server: &str) -> Result<Instant> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let last = match get(envoy, path).await {
+            Ok((s, by)) if s == status && by == server => return Ok(Instant::now()),
+            Ok(other) => format!("{other:?}"),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() > deadline {
+            bail!(
+                "{path} never answered {status} from {server} (last: {last})\n{}",
+                envoy.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        if Instant::now() > deadline {
+            bail!("{what}: not within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+fn plan(local: &SimApiserver, peers: &[&SimApiserver]) -> Result<RoutingPlan> {
+    let peers = peers
+        .iter()
+        .map(|p| {
+            Ok(Peer {
+                id: p.id.clone(),
+                served: p.served()?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(routing::build(
+        &local.served()?,
+        &local.id,
+        &peers,
+        &Default::default(),
+    ))
+}
+
+fn snapshot(
+    plan: &RoutingPlan,
+    local: &SimApiserver,
+    peers: &[&SimApiserver],
+) -> Result<Arc<Snapshot>> {
+    let wasm = wasm_path()?;
+    let addresses: Vec<(String, Address)> = peers
+        .iter()
+        .map(|p| (p.id.clone(), p.address.clone()))
+        .collect();
+    Ok(Arc::new(Snapshot::from_plan(
+        plan,
+        &SnapshotInputs {
+            wasm_path: &wasm,
+            local: &local.address,
+            peers: &addresses,
+        },
+    )?))
+}
+
+/// Publish and measure publish → first request routed as expected.
+async fn publish_and_time(
+    publisher: &Publisher,
+    snapshot: Arc<Snapshot>,
+    envoy: &LiveEnvoy,
+    path: &str,
+    status: u16,
+    server: &str,
+) -> Result<Duration> {
+    let published = Instant::now();
+    publisher.send_replace(Some(snapshot));
+    let routed = wait_routed(envoy, path, status, server).await?;
+    Ok(routed - published)
+}
+
+/// Requests sent in a loop until stopped: (answered 200 by the peer, anything else).
+struct Probe {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Probe {
+    fn start(url: String) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let (s, o, f) = (stop.clone(), ok.clone(), failed.clone());
+        let task = tokio::spawn(async move {
+            let client = client();
+            let mut failures = Vec::new();
+            // Bounded: at most 60 s of probing.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !s.load(Ordering::Relaxed) && Instant::now() < deadline {
+                match client.get(&url).send().await {
+                    Ok(r) if r.status() == 200 && served_by(&r) == "apiserver-b" => {
+                        o.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => {
+                        f.fetch_add(1, Ordering::Relaxed);
+                        failures.push(format!("{other:?}"));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            failures
+        });
+        Probe {
+            stop,
+            ok,
+            failed,
+            task,
+        }
+    }
+
+    async fn finish(self) -> Result<(u64, u64, Vec<String>)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let failures = self.task.await?;
+        Ok((
+            self.ok.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+            failures,
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_control_plane_over_delta_ads() -> Result<()> {
+    init_logs();
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
+
+    let (publisher, snapshots) = watch::channel(None);
+    let metrics = Arc::new(XdsMetrics::new());
+    let server = XdsServer::start("127.0.0.1:0", snapshots.clone(), metrics.clone()).await?;
+    let envoy = LiveEnvoy::start(&server.address).await?;
+
+    // (a) Envoy has opened its ADS stream, but no snapshot exists: nothing is sent, and the
+    // listener stays closed (warming on ECDS).
+    wait_for(
+        "Envoy opens its ADS stream",
+        Duration::from_secs(30),
+        || metrics.streams() >= 1,
+    )
+    .await
+    .with_context(|| envoy.log())?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let refused =
+        tokio::net::TcpStream::connect((envoy.listen.host.as_str(), envoy.listen.port)).await;
+    assert!(
+        refused.is_err(),
+        "the listener must not accept before the first sync"
+    );
+    let refused = refused.err().map(|e| e.kind());
+    assert_eq!(
+        refused,
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "closed port"
+    );
+    // Envoy is still initializing (waiting for its clusters, then for the filter
+    // configuration): the listen socket exists, but no worker listens on it.
+    let workers = envoy.stat("listener_manager.workers_started").await?;
+    let ready = envoy.admin("/ready").await?;
+    eprintln!(
+        "(a) before any snapshot: connect -> {refused:?}; workers started {workers}; /ready {:?}; responses sent: CDS {}, ECDS {}",
+        ready.trim(),
+        metrics.responses(CDS),
+        metrics.responses(ECDS)
+    );
+    assert_eq!(workers, 0, "{}", envoy.log());
+    assert_ne!(ready.trim(), "LIVE");
+    assert_eq!((metrics.responses(CDS), metrics.responses(ECDS)), (0, 0));
+
+    // (b) The first complete snapshot: the listener opens and routes.
+    let good_plan = plan(&a, &[&b])?;
+    let good = snapshot(&good_plan, &a, &[&b])?;
+    let took = publish_and_time(
+        &publisher,
+        good.clone(),
+        &envoy,
+        CLAIMS_V1BETA2,
+        200,
+        "apiserver-b",
+    )
+    .await?;
+    eprintln!(
+        "(b) first snapshot publish -> first request routed to the peer: {took:?} \
+         (filter configuration resource: {} bytes)",
+        good.extension_configs[xds::FILTER_NAME]
+            .resource
+            .value
+            .len()
+    );
+    assert_eq!(get(&envoy, DEPLOYMENTS).await?, (200, "apiserver-a".into()));
+    assert_eq!(
+        get(&envoy, CLAIMS_V1BETA2).await?,
+        (200, "apiserver-b".into())
+    );
+    assert_eq!(envoy.stat("listener_manager.workers_started").await?, 1);
+    assert_eq!(envoy.admin("/ready").await?.trim(), "LIVE");
+    assert_eq!((metrics.responses(CDS), metrics.responses(ECDS)), (1, 1));
+    assert_eq!(metrics.nacks(ECDS), 0);
+
+    // (c) A filter configuration the filter refuses (it routes to a cluster it does not
+    // declare): NACKed once, never re-pushed, and Envoy keeps the previous configuration.
+    let peer_cluster = routing::peer_cluster_name(&[b.id.as_str()]);
+    let good_json = good_plan.config.to_json();
+    let bad_json = good_json.replace(
+        &format!("\"peer_cluster\":\"{peer_cluster}\""),
+        "\"peer_cluster\":\"skewgate-peers-undeclared\"",
+    );
+    assert_ne!(bad_json, good_json);
+    let wasm = wasm_path()?;
+    let wasm = wasm.to_str().context("wasm path")?;
+    let bad = Arc::new(Snapshot {
+        clusters: good.clusters.clone(),
+        extension_configs: Snapshot::new([], [filter_extension_config(wasm, &bad_json)])
+            .extension_configs,
+    });
+    publisher.send_replace(Some(bad.clone()));
+    wait_for(
+        "the bad configuration is NACKed",
+        Duration::from_secs(20),
+        || metrics.nacks(ECDS) >= 1,
+    )
+    .await
+    .with_context(|| envoy.log())?;
+    // The same snapshot again, as a new publish: still nothing to send.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    publisher.send_replace(Some(Arc::new((*bad).clone())));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!(
+        "(c) NACK: nacks {}, ECDS responses {} (1 good + 1 bad), CDS responses {}; Envoy said: {:?}",
+        metrics.nacks(ECDS),
+        metrics.responses(ECDS),
+        metrics.responses(CDS),
+        metrics.last_nack().map(|(_, m)| m)
+    );
+    assert_eq!(metrics.nacks(ECDS), 1, "counted once");
+    assert_eq!(
+        metrics.responses(ECDS),
+        2,
+        "the refused version is not re-pushed"
+    );
+    assert_eq!(metrics.responses(CDS), 1, "clusters unchanged");
+    assert_eq!(
+        get(&envoy, CLAIMS_V1BETA2).await?,
+        (200, "apiserver-b".into())
+    );
+    assert_eq!(get(&envoy, DEPLOYMENTS).await?, (200, "apiserver-a".into()));
+
+    // (d) The control plane stops and comes back at the same address, with traffic flowing:
+    // Envoy keeps serving with its last good configuration, reconnects reporting the versions
+    // it holds, and the restarted server has nothing to resend.
+    let probe = Probe::start(envoy.url(CLAIMS_V1BETA2));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let xds_address = server.address.clone();
+    let stopped_in = server.stop().await?;
+    let down_since = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(metrics.streams(), 0);
+    let served_while_down = probe.ok.load(Ordering::Relaxed);
+
+    let (publisher2, snapshots2) = watch::channel(Some(good.clone()));
+    let metrics2 = Arc::new(XdsMetrics::new());
+    let listen = format!("{}:{}", xds_address.host, xds_address.port);
+    let server2 = XdsServer::start(&listen, snapshots2, metrics2.clone()).await?;
+    wait_for("Envoy reconnects", Duration::from_secs(30), || {
+        metrics2.streams() >= 1
+    })
+    .await
+    .with_context(|| envoy.log())?;
+    let reconnected_after = down_since.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (ok, failed, failures) = probe.finish().await?;
+    eprintln!(
+        "(d) server stopped in {stopped_in:?}; Envoy reconnected {reconnected_after:?} after the stop; \
+         requests during stop/restart: {ok} routed to the peer ({served_while_down} before the restart), {failed} failed; \
+         resent after reconnect: CDS {}, ECDS {}",
+        metrics2.responses(CDS),
+        metrics2.responses(ECDS)
+    );
+    assert_eq!(failed, 0, "no traffic gap: {failures:?}");
+    assert!(ok > 0);
+    assert_eq!(
+        (metrics2.responses(CDS), metrics2.responses(ECDS)),
+        (0, 0),
+        "Envoy reported the versions it holds: nothing to resend"
+    );
+
+    // (e) The restarted server pushes the next change: the peer leaves. The configuration
+    // that no longer names its cluster goes first, then the cluster is removed.
+    let solo_plan = plan(&a, &[])?;
+    let solo = snapshot(&solo_plan, &a, &[])?;
+    let took = publish_and_time(
+        &publisher2,
+        solo,
+        &envoy,
+        CLAIMS_V1BETA2,
+        404,
+        "apiserver-a",
+    )
+    .await?;
+    eprintln!(
+        "(e) after restart, publish -> peer-only GVR goes local (404 from apiserver-a): {took:?}"
+    );
+    wait_for(
+        "the peer cluster is removed",
+        Duration::from_secs(20),
+        || metrics2.responses(CDS) >= 1,
+    )
+    .await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while envoy.admin("/clusters").await?.contains(&peer_cluster) {
+        if Instant::now() > deadline {
+            bail!("{peer_cluster} is still in Envoy's clusters");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!((metrics2.responses(ECDS), metrics2.responses(CDS)), (1, 1));
+    assert_eq!(metrics2.nacks(ECDS) + metrics2.nacks(CDS), 0);
+    assert_eq!(get(&envoy, DEPLOYMENTS).await?, (200, "apiserver-a".into()));
+
+    server2.stop().await?;
+    drop(publisher);
+    Ok(())
+}
