@@ -6,5 +6,6 @@ pub mod discovery;
 pub mod documents;
 pub mod merge;
 pub mod merged;
+pub mod peers;
 pub mod routing;
 pub mod xds;

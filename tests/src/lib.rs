@@ -118,6 +118,8 @@ pub struct SimApiserver {
     pub fixture: PathBuf,
     pub address: Address,
     child: Option<Child>,
+    /// Set by [`SimApiserver::start_with`], for restarts.
+    options: Option<SimOptions>,
 }
 
 impl SimApiserver {
@@ -155,6 +157,7 @@ impl SimApiserver {
             fixture,
             address: Address::parse(&bound)?,
             child: Some(child),
+            options: None,
         })
     }
 
@@ -391,4 +394,344 @@ pub async fn kubectl_with(
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared cluster state and identity leases: a real etcd, simulated apiservers that share it and
+// keep identity Leases, restarts and upgrades.
+
+/// The name of kube-apiserver's identity Lease for `hostname`: `apiserver-` and the lower-case
+/// unpadded base32 of the first 16 bytes of sha256(u16-length-prefixed hostname,
+/// u16-length-prefixed `kube-apiserver`), as kube-apiserver computes it.
+pub fn identity_lease_name(hostname: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut data = Vec::new();
+    for part in [hostname.as_bytes(), b"kube-apiserver".as_slice()] {
+        let len = u16::try_from(part.len()).unwrap_or(u16::MAX);
+        data.extend_from_slice(&len.to_be_bytes());
+        data.extend_from_slice(&part[..usize::from(len)]);
+    }
+    let hash = Sha256::digest(&data);
+    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut out = String::from("apiserver-");
+    let (mut buffer, mut bits) = (0u32, 0u32);
+    for byte in &hash[..16] {
+        buffer = (buffer << 8) | u32::from(*byte);
+        bits += 8;
+        while bits >= 5 {
+            bits -= 5;
+            out.push(char::from(ALPHABET[((buffer >> bits) & 31) as usize]));
+        }
+    }
+    if bits > 0 {
+        out.push(char::from(ALPHABET[((buffer << (5 - bits)) & 31) as usize]));
+    }
+    out
+}
+
+/// A free loopback port (the kernel's choice; closed again before use).
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// etcd from Debian's `etcd-server` (`scripts/setup` installs it), or `$SKEWGATE_ETCD`.
+pub fn etcd_bin() -> Result<PathBuf> {
+    if let Ok(path) = std::env::var("SKEWGATE_ETCD") {
+        return Ok(PathBuf::from(path));
+    }
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let path = Path::new(dir).join("etcd");
+        if path.is_file() {
+            return Ok(path);
+        }
+    }
+    bail!("etcd not found: run scripts/setup (Debian's etcd-server) or set SKEWGATE_ETCD")
+}
+
+/// A real single-member etcd on loopback ports, with its data in a temporary folder; killed
+/// (and the folder removed) on drop.
+pub struct Etcd {
+    pub url: String,
+    pub dir: tempfile::TempDir,
+    _child: Child,
+}
+
+impl Etcd {
+    pub async fn start() -> Result<Etcd> {
+        let bin = etcd_bin()?;
+        let mut last_error = None;
+        // Ports are picked before etcd binds them: retry if another process took one.
+        for _ in 0..4 {
+            let dir = tempfile::tempdir()?;
+            let (client_port, peer_port) = (free_port()?, free_port()?);
+            let url = format!("http://127.0.0.1:{client_port}");
+            let peer = format!("http://127.0.0.1:{peer_port}");
+            let log = std::fs::File::create(dir.path().join("etcd.log"))?;
+            let mut child = Command::new(&bin)
+                .arg("--name=sim")
+                .arg(format!("--data-dir={}", dir.path().join("data").display()))
+                .arg(format!("--listen-client-urls={url}"))
+                .arg(format!("--advertise-client-urls={url}"))
+                .arg(format!("--listen-peer-urls={peer}"))
+                .arg(format!("--initial-advertise-peer-urls={peer}"))
+                .arg(format!("--initial-cluster=sim={peer}"))
+                .args(["--log-level=warn", "--logger=zap", "--log-outputs=stderr"])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("starting {}", bin.display()))?;
+            let client = reqwest::Client::new();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    let log =
+                        std::fs::read_to_string(dir.path().join("etcd.log")).unwrap_or_default();
+                    last_error = Some(anyhow::anyhow!("etcd exited with {status}:\n{log}"));
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("etcd was not healthy within 30s");
+                }
+                let healthy = match client.get(format!("{url}/health")).send().await {
+                    Ok(r) => r.text().await.unwrap_or_default().contains("true"),
+                    Err(_) => false,
+                };
+                if healthy {
+                    return Ok(Etcd {
+                        url,
+                        dir,
+                        _child: child,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("etcd did not start")))
+    }
+
+    /// etcd's own log (for assertion messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+/// What the `kubernetes.io/peer-advertise-address` annotation of a simulated apiserver says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum PeerAdvertise {
+    /// Its own listen address.
+    #[default]
+    Listen,
+    /// This value, verbatim (hostile values included).
+    Value(String),
+    /// No annotation.
+    Omit,
+}
+
+/// How to start a simulated apiserver ([`SimApiserver::start_with`]).
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub id: String,
+    /// A fixture name under `tests/fixtures/discovery/` (`k8s-1.30`, `k8s-1.33`).
+    pub fixture: String,
+    /// `127.0.0.1:0` for a kernel-chosen port.
+    pub listen: String,
+    /// etcd URL: shared storage. `None`: this process's own memory.
+    pub etcd: Option<String>,
+    pub etcd_prefix: Option<String>,
+    /// Keep an identity lease (kube-apiserver does).
+    pub lease: bool,
+    /// `None`: the simulator's default (10 s, like kube).
+    pub lease_renew: Option<Duration>,
+    /// The lease's hostname label (default: `id`).
+    pub hostname: Option<String>,
+    pub peer_advertise_address: PeerAdvertise,
+    pub delete_lease_on_exit: bool,
+    pub bookmark_interval: Option<Duration>,
+}
+
+impl SimOptions {
+    pub fn new(id: &str, fixture: &str) -> Self {
+        SimOptions {
+            id: id.to_string(),
+            fixture: fixture.to_string(),
+            listen: "127.0.0.1:0".into(),
+            etcd: None,
+            etcd_prefix: None,
+            lease: true,
+            lease_renew: None,
+            hostname: None,
+            peer_advertise_address: PeerAdvertise::Listen,
+            delete_lease_on_exit: false,
+            bookmark_interval: None,
+        }
+    }
+
+    /// Sharing `etcd`, renewing its lease every `renew`.
+    pub fn shared(id: &str, fixture: &str, etcd: &Etcd, renew: Duration) -> Self {
+        SimOptions {
+            etcd: Some(etcd.url.clone()),
+            lease_renew: Some(renew),
+            ..Self::new(id, fixture)
+        }
+    }
+
+    fn hostname(&self) -> &str {
+        self.hostname.as_deref().unwrap_or(&self.id)
+    }
+}
+
+fn duration_arg(d: Duration) -> String {
+    format!("{}ms", d.as_millis().max(1))
+}
+
+impl SimApiserver {
+    /// Start with everything [`SimOptions`] can say. With `SKEWGATE_TEST_LOGS` set, its log
+    /// goes to the test's stderr.
+    pub async fn start_with(opts: SimOptions) -> Result<Self> {
+        let fixture = fixture(&opts.fixture);
+        let git_version = match opts.fixture.strip_prefix("k8s-") {
+            Some(v) => format!("v{v}.0"),
+            None => "v1.0.0".to_string(),
+        };
+        let mut cmd = Command::new(sim_bin());
+        cmd.args(["--id", &opts.id, "--listen", &opts.listen])
+            .args(["--git-version", &git_version])
+            .arg("--fixture")
+            .arg(&fixture);
+        if let Some(url) = &opts.etcd {
+            cmd.args(["--etcd", url]);
+        }
+        if let Some(prefix) = &opts.etcd_prefix {
+            cmd.args(["--etcd-prefix", prefix]);
+        }
+        if !opts.lease {
+            cmd.arg("--no-lease");
+        }
+        if let Some(d) = opts.lease_renew {
+            cmd.args(["--lease-renew-interval", &duration_arg(d)]);
+        }
+        if let Some(h) = &opts.hostname {
+            cmd.args(["--hostname", h]);
+        }
+        match &opts.peer_advertise_address {
+            PeerAdvertise::Listen => {}
+            PeerAdvertise::Value(v) => {
+                cmd.arg(format!("--peer-advertise-address={v}"));
+            }
+            PeerAdvertise::Omit => {
+                cmd.arg("--no-peer-advertise-address");
+            }
+        }
+        if opts.delete_lease_on_exit {
+            cmd.arg("--delete-lease-on-exit");
+        }
+        if let Some(d) = opts.bookmark_interval {
+            cmd.args(["--bookmark-interval", &duration_arg(d)]);
+        }
+        let stderr = if std::env::var_os("SKEWGATE_TEST_LOGS").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting sim-apiserver")?;
+        let bound = wait_for_line(&mut child, "listening on", &opts.id).await?;
+        let address = Address::parse(&bound)?;
+        let mut options = opts;
+        // A restart comes back where its peers expect it.
+        options.listen = bound;
+        Ok(SimApiserver {
+            id: options.id.clone(),
+            fixture,
+            address,
+            child: Some(child),
+            options: Some(options),
+        })
+    }
+
+    /// Name of its identity lease (`apiserver-<hash of its hostname>`).
+    pub fn lease_name(&self) -> String {
+        let hostname = self
+            .options
+            .as_ref()
+            .map(|o| o.hostname().to_string())
+            .unwrap_or_else(|| self.id.clone());
+        identity_lease_name(&hostname)
+    }
+
+    /// The options it was started with (listen = its bound address).
+    pub fn options(&self) -> Option<&SimOptions> {
+        self.options.as_ref()
+    }
+
+    fn signal(&self, name: &str) -> Result<()> {
+        let pid = self
+            .child
+            .as_ref()
+            .and_then(|c| c.id())
+            .context("sim-apiserver is not running")?;
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .context("running kill")?;
+        if !status.success() {
+            bail!("kill -{name} {pid} failed: {status}");
+        }
+        Ok(())
+    }
+
+    /// SIGUSR1: stop renewing its lease (or start again), while it keeps serving.
+    pub fn toggle_lease_renewal(&self) -> Result<()> {
+        self.signal("USR1")
+    }
+
+    /// SIGTERM and wait for it to exit (a clean stop: the lease stays unless
+    /// `delete_lease_on_exit`).
+    pub async fn terminate(&mut self) -> Result<()> {
+        if self.child.is_none() {
+            return Ok(());
+        }
+        self.signal("TERM")?;
+        if let Some(mut child) = self.child.take() {
+            match tokio::time::timeout(Duration::from_secs(10), child.wait()).await {
+                Ok(status) => {
+                    status?;
+                }
+                Err(_) => {
+                    child.kill().await?;
+                    bail!("sim-apiserver {} ignored SIGTERM for 10s", self.id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop it cleanly and start it again at the same address, with a new holder identity,
+    /// optionally serving another fixture (`Some("k8s-1.33")`: an upgrade).
+    pub async fn restart(&mut self, fixture: Option<&str>) -> Result<()> {
+        let mut opts = self
+            .options
+            .clone()
+            .context("restart needs a sim started with start_with")?;
+        if let Some(f) = fixture {
+            opts.fixture = f.to_string();
+        }
+        self.terminate().await?;
+        *self = Self::start_with(opts).await?;
+        Ok(())
+    }
+
+    /// A kubeconfig (plain HTTP) for this apiserver, in `dir`.
+    pub fn kubeconfig_in(&self, dir: &Path) -> Result<PathBuf> {
+        let path = dir.join(format!("{}.kubeconfig", self.id));
+        std::fs::write(&path, kubeconfig_yaml(&self.url()))?;
+        Ok(path)
+    }
 }

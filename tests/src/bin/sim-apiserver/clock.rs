@@ -1,5 +1,6 @@
-//! Wall-clock helpers: RFC 3339 timestamps (kube's `metav1.Time` format, whole seconds, UTC)
-//! and kube's `HumanDuration` used for the `Age` column of tables.
+//! Wall-clock helpers: RFC 3339 timestamps (kube's `metav1.Time` format, whole seconds, UTC;
+//! and `metav1.MicroTime`, microseconds) and kube's `HumanDuration` used for the `Age` column
+//! of tables.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -17,6 +18,16 @@ pub fn rfc3339(t: SystemTime) -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+/// `2024-05-01T12:34:56.123456Z` for `t` (kube's `MicroTime`, e.g. a Lease's `renewTime`).
+pub fn rfc3339_micros(t: SystemTime) -> String {
+    let micros = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_micros())
+        .unwrap_or(0);
+    let whole = rfc3339(t);
+    format!("{}.{micros:06}Z", whole.trim_end_matches('Z'))
 }
 
 /// Parse `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`; `None` if it is not that.
@@ -138,6 +149,14 @@ mod tests {
         assert_eq!(parse_rfc3339("2024-05-01T14:34:56.123+02:00"), Some(t));
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
         assert_eq!(parse_rfc3339("yesterday"), None);
+        let micro = t + Duration::from_micros(123_456);
+        assert_eq!(rfc3339_micros(micro), "2024-05-01T12:34:56.123456Z");
+        assert_eq!(rfc3339_micros(t), "2024-05-01T12:34:56.000000Z");
+        assert_eq!(
+            parse_rfc3339("2024-05-01T12:34:56.123456Z"),
+            Some(t),
+            "whole seconds only"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Resource requests: resolve the verb like kube-apiserver (method + path shape + `watch`),
 //! enforce scope and the verbs discovery advertises, then list/get/create/update/patch/
-//! delete against the store. Only the `status` subresource is simulated.
+//! delete against the store (memory or the shared etcd). Only the `status` subresource is
+//! simulated.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -91,6 +92,7 @@ impl Ctx<'_> {
             StoreError::NotFound => status::not_found(g, r, name),
             StoreError::AlreadyExists => status::already_exists(g, r, name),
             StoreError::Conflict => status::conflict(g, r, name),
+            StoreError::Unavailable(msg) => status::internal_error(&msg),
         })
     }
 
@@ -124,7 +126,7 @@ fn resolve_verb(method: &Method, path: &ResourcePath, watch_param: bool) -> Opti
     })
 }
 
-pub fn handle(
+pub async fn handle(
     state: &Arc<AppState>,
     path: &ResourcePath,
     method: &Method,
@@ -180,14 +182,14 @@ pub fn handle(
     };
     let name = path.name.as_deref().unwrap_or("");
     match verb {
-        "list" => list(&ctx),
-        "watch" => watch_collection(&ctx),
-        "get" => get(&ctx, name),
-        "create" => create(&ctx, body),
-        "update" => update(&ctx, name, body),
-        "patch" => patch_object(&ctx, name, body),
-        "delete" => delete(&ctx, name),
-        "deletecollection" => delete_collection(&ctx),
+        "list" => list(&ctx).await,
+        "watch" => watch_collection(&ctx).await,
+        "get" => get(&ctx, name).await,
+        "create" => create(&ctx, body).await,
+        "update" => update(&ctx, name, body).await,
+        "patch" => patch_object(&ctx, name, body).await,
+        "delete" => delete(&ctx, name).await,
+        "deletecollection" => delete_collection(&ctx).await,
         _ => not_allowed(verb),
     }
 }
@@ -201,15 +203,20 @@ fn list_object(info: &ResourceInfo, items: Vec<Value>, rv: u64) -> Value {
     })
 }
 
-fn list(ctx: &Ctx) -> Response {
+async fn list(ctx: &Ctx<'_>) -> Response {
     let selector = match ctx.selector() {
         Ok(s) => s,
         Err(r) => return *r,
     };
-    let (items, rv) = ctx
+    let (items, rv) = match ctx
         .state
         .store
-        .list(&ctx.gvr(), ctx.path.namespace.as_deref());
+        .list(&ctx.gvr(), ctx.path.namespace.as_deref())
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return ctx.store_error(e, ""),
+    };
     let items: Vec<Value> = items.into_iter().filter(|o| selector.matches(o)).collect();
     match ctx.table() {
         Some(t) => respond::json(
@@ -220,7 +227,7 @@ fn list(ctx: &Ctx) -> Response {
     }
 }
 
-fn watch_collection(ctx: &Ctx) -> Response {
+async fn watch_collection(ctx: &Ctx<'_>) -> Response {
     let mut selector = match ctx.selector() {
         Ok(s) => s,
         Err(r) => return *r,
@@ -237,16 +244,18 @@ fn watch_collection(ctx: &Ctx) -> Response {
         query: ctx.query.clone(),
         table: ctx.table(),
     })
+    .await
 }
 
-fn get(ctx: &Ctx, name: &str) -> Response {
-    match ctx.state.store.get(&ctx.key(name)) {
-        Some(obj) => ctx.object(StatusCode::OK, &obj),
-        None => ctx.not_found(name),
+async fn get(ctx: &Ctx<'_>, name: &str) -> Response {
+    match ctx.state.store.get(&ctx.key(name)).await {
+        Ok(Some(obj)) => ctx.object(StatusCode::OK, &obj),
+        Ok(None) => ctx.not_found(name),
+        Err(e) => ctx.store_error(e, name),
     }
 }
 
-fn create(ctx: &Ctx, body: &[u8]) -> Response {
+async fn create(ctx: &Ctx<'_>, body: &[u8]) -> Response {
     let mut obj = match objects::decode(body, ctx.info) {
         Ok(o) => o,
         Err(s) => return status::respond(s),
@@ -283,6 +292,7 @@ fn create(ctx: &Ctx, body: &[u8]) -> Response {
             .state
             .store
             .create(ctx.key(&name), obj.clone(), ctx.dry_run())
+            .await
         {
             Ok(stored) => return respond::json(StatusCode::CREATED, &stored),
             Err(StoreError::AlreadyExists) if generate.is_some() && fixed.is_empty() => continue,
@@ -298,7 +308,11 @@ fn create(ctx: &Ctx, body: &[u8]) -> Response {
 }
 
 /// Shared tail of update and patch: check the name, keep system fields, stamp, store.
-fn replace(ctx: &Ctx, name: &str, build: impl FnOnce(&Value) -> Result<Value, Value>) -> Response {
+async fn replace(
+    ctx: &Ctx<'_>,
+    name: &str,
+    mut build: impl FnMut(&Value) -> Result<Value, Value> + Send,
+) -> Response {
     let info = ctx.info;
     let is_status = ctx.path.subresource.is_some();
     let server_id = ctx.state.id.clone();
@@ -333,7 +347,8 @@ fn replace(ctx: &Ctx, name: &str, build: impl FnOnce(&Value) -> Result<Value, Va
             objects::keep_system_fields(&mut new, current);
             objects::stamp(&mut new, &server_id);
             Ok(new)
-        });
+        })
+        .await;
     match result {
         Ok(Ok(obj)) => respond::json(StatusCode::OK, &obj),
         Ok(Err(e)) => ctx.store_error(e, name),
@@ -341,15 +356,15 @@ fn replace(ctx: &Ctx, name: &str, build: impl FnOnce(&Value) -> Result<Value, Va
     }
 }
 
-fn update(ctx: &Ctx, name: &str, body: &[u8]) -> Response {
+async fn update(ctx: &Ctx<'_>, name: &str, body: &[u8]) -> Response {
     let new = match objects::decode(body, ctx.info) {
         Ok(o) => o,
         Err(s) => return status::respond(s),
     };
-    replace(ctx, name, |_| Ok(new))
+    replace(ctx, name, |_| Ok(new.clone())).await
 }
 
-fn patch_object(ctx: &Ctx, name: &str, body: &[u8]) -> Response {
+async fn patch_object(ctx: &Ctx<'_>, name: &str, body: &[u8]) -> Response {
     let content_type = ctx
         .headers
         .get(header::CONTENT_TYPE)
@@ -374,11 +389,14 @@ fn patch_object(ctx: &Ctx, name: &str, body: &[u8]) -> Response {
         }
     };
     let is_apply = content_type == "application/apply-patch+yaml";
-    if is_apply && ctx.path.subresource.is_none() && ctx.state.store.get(&ctx.key(name)).is_none() {
+    if is_apply
+        && ctx.path.subresource.is_none()
+        && matches!(ctx.state.store.get(&ctx.key(name)).await, Ok(None))
+    {
         // Server-side apply creates missing objects.
         let mut obj = patch_doc;
         objects::metadata(&mut obj).insert("name".into(), json!(name));
-        return create(ctx, obj.to_string().as_bytes());
+        return create(ctx, obj.to_string().as_bytes()).await;
     }
     replace(ctx, name, |current| {
         let mut new = current.clone();
@@ -394,24 +412,30 @@ fn patch_object(ctx: &Ctx, name: &str, body: &[u8]) -> Response {
         }
         Ok(new)
     })
+    .await
 }
 
-fn delete(ctx: &Ctx, name: &str) -> Response {
-    match ctx.state.store.delete(&ctx.key(name), ctx.dry_run()) {
+async fn delete(ctx: &Ctx<'_>, name: &str) -> Response {
+    match ctx.state.store.delete(&ctx.key(name), ctx.dry_run()).await {
         Ok(obj) => respond::json(StatusCode::OK, &obj),
         Err(e) => ctx.store_error(e, name),
     }
 }
 
-fn delete_collection(ctx: &Ctx) -> Response {
+async fn delete_collection(ctx: &Ctx<'_>) -> Response {
     let selector = match ctx.selector() {
         Ok(s) => s,
         Err(r) => return *r,
     };
-    let (items, _) = ctx
+    let (items, _) = match ctx
         .state
         .store
-        .list(&ctx.gvr(), ctx.path.namespace.as_deref());
+        .list(&ctx.gvr(), ctx.path.namespace.as_deref())
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return ctx.store_error(e, ""),
+    };
     let mut deleted = Vec::new();
     for obj in items.into_iter().filter(|o| selector.matches(o)) {
         let ns = obj
@@ -424,11 +448,14 @@ fn delete_collection(ctx: &Ctx) -> Response {
             namespace: ns,
             name: name_of(&obj).to_string(),
         };
-        if let Ok(d) = ctx.state.store.delete(&key, ctx.dry_run()) {
+        if let Ok(d) = ctx.state.store.delete(&key, ctx.dry_run()).await {
             deleted.push(d);
         }
     }
-    let rv = ctx.state.store.current_rv();
+    let rv = match ctx.state.store.current_rv().await {
+        Ok(rv) => rv,
+        Err(e) => return ctx.store_error(e, ""),
+    };
     respond::json(StatusCode::OK, &list_object(ctx.info, deleted, rv))
 }
 

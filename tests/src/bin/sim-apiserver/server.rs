@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::to_bytes;
 use axum::extract::{Query, Request, State};
@@ -30,6 +31,8 @@ pub struct AppState {
     pub catalog: Catalog,
     pub openapi: OpenApi,
     pub store: Store,
+    /// How often watches with `allowWatchBookmarks=true` get a BOOKMARK.
+    pub bookmark_interval: Duration,
     /// Flips to `true` on SIGTERM/SIGINT; open watches end.
     pub shutdown: watch::Receiver<bool>,
 }
@@ -39,6 +42,8 @@ impl AppState {
         id: String,
         fixture: &Fixture,
         git_version: &str,
+        store: Store,
+        bookmark_interval: Duration,
         shutdown: watch::Receiver<bool>,
     ) -> AppState {
         let catalog = Catalog::build(&fixture.aggregated, &fixture.core_v1);
@@ -47,7 +52,8 @@ impl AppState {
             discovery: Discovery::new(fixture, git_version),
             openapi: OpenApi::new(&catalog, git_version),
             catalog,
-            store: Store::new(),
+            store,
+            bookmark_interval,
             shutdown,
         }
     }
@@ -58,7 +64,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     let uri = req.uri().clone();
     let headers = req.headers().clone();
     let mut resp = match to_bytes(req.into_body(), MAX_BODY).await {
-        Ok(body) => dispatch(&state, &method, &uri, &headers, &body),
+        Ok(body) => dispatch(&state, &method, &uri, &headers, &body).await,
         Err(e) => status::respond(status::failure(
             413,
             "RequestEntityTooLarge",
@@ -86,7 +92,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     resp
 }
 
-fn dispatch(
+async fn dispatch(
     state: &Arc<AppState>,
     method: &Method,
     uri: &Uri,
@@ -101,7 +107,7 @@ fn dispatch(
             let query: HashMap<String, String> = Query::try_from_uri(uri)
                 .map(|Query(q)| q)
                 .unwrap_or_default();
-            resources::handle(state, &p, method, &query, headers, body)
+            resources::handle(state, &p, method, &query, headers, body).await
         }
         Route::NotFound => status::page_not_found(),
         _ if !is_get => status::respond(status::failure(

@@ -139,6 +139,11 @@ pub fn unsupported_media_type(content_type: &str) -> Value {
     )
 }
 
+/// 500 InternalError: the storage failed (kube answers the same for etcd errors).
+pub fn internal_error(message: &str) -> Value {
+    failure(500, "InternalError", message, None)
+}
+
 /// 410 Expired, sent as a watch ERROR event when a resourceVersion is too old.
 pub fn expired(message: &str) -> Value {
     failure(410, "Expired", message, None)

@@ -1,8 +1,11 @@
 //! Watch responses: a chunked `application/json` stream of one JSON event per line.
 //! Starts with synthetic ADDED events (no resourceVersion, `0`, or `sendInitialEvents=true`,
-//! the latter closed by an `initial-events-end` BOOKMARK) or with the logged events after
-//! the given resourceVersion, then follows the store live until `timeoutSeconds`, the client
-//! going away, or server shutdown. Each event is flushed as its own chunk.
+//! the latter closed by an `initial-events-end` BOOKMARK) or with the stored events after
+//! the given resourceVersion (an `ERROR` event with a 410 `Expired` Status when the store no
+//! longer reaches back that far), then follows the store live until `timeoutSeconds`, the
+//! client going away, or server shutdown. With `allowWatchBookmarks=true` a BOOKMARK carrying
+//! the latest resourceVersion known to be complete is sent every `--bookmark-interval`.
+//! Each event is flushed as its own chunk.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -14,14 +17,14 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::catalog::ResourceInfo;
 use crate::selectors::Selector;
 use crate::server::AppState;
 use crate::status;
-use crate::store::{Event, Gvr, WatchFrom, WatchStart};
+use crate::store::{Event, Gvr, Live, WatchFrom, WatchStart};
 use crate::table::{self, TableOptions};
 
 /// kube's default when a client gives no `timeoutSeconds` (`--min-request-timeout`).
@@ -70,7 +73,7 @@ fn query_flag(q: &HashMap<String, String>, key: &str) -> bool {
     matches!(q.get(key).map(String::as_str), Some("true" | "1"))
 }
 
-pub fn serve(req: WatchRequest) -> Response {
+pub async fn serve(req: WatchRequest) -> Response {
     let q = &req.query;
     let send_initial = query_flag(q, "sendInitialEvents");
     let from = match q.get("resourceVersion").map(String::as_str) {
@@ -90,9 +93,20 @@ pub fn serve(req: WatchRequest) -> Response {
         .and_then(|t| t.parse::<u64>().ok())
         .map(Duration::from_secs)
         .unwrap_or(DEFAULT_TIMEOUT);
-    let start = req.state.store.watch(&req.gvr, from);
+    let bookmarks = query_flag(q, "allowWatchBookmarks");
+    let interval = req.state.bookmark_interval;
+    let start = req
+        .state
+        .store
+        .watch(&req.gvr, req.namespace.as_deref(), from, interval / 2)
+        .await;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(pump(req, start, send_initial, timeout, tx));
+    let opts = PumpOptions {
+        send_initial,
+        timeout,
+        bookmarks: bookmarks.then_some(interval),
+    };
+    tokio::spawn(pump(req, start, opts, tx));
     let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, Infallible>));
     (
         StatusCode::OK,
@@ -102,13 +116,26 @@ pub fn serve(req: WatchRequest) -> Response {
         .into_response()
 }
 
-async fn pump(
-    req: WatchRequest,
-    start: WatchStart,
+struct PumpOptions {
     send_initial: bool,
     timeout: Duration,
-    tx: mpsc::Sender<Bytes>,
-) {
+    /// `allowWatchBookmarks=true`: how often to send one.
+    bookmarks: Option<Duration>,
+}
+
+fn bookmark(info: &ResourceInfo, rv: u64, initial_end: bool) -> Value {
+    let mut md = json!({ "resourceVersion": rv.to_string() });
+    if initial_end {
+        md["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
+    }
+    json!({
+        "kind": info.kind,
+        "apiVersion": info.api_version(),
+        "metadata": md,
+    })
+}
+
+async fn pump(req: WatchRequest, start: WatchStart, opts: PumpOptions, tx: mpsc::Sender<Bytes>) {
     let mut enc = Encoder {
         table: req.table,
         sent_columns: false,
@@ -118,6 +145,12 @@ async fn pump(
         WatchStart::TooOld { requested, oldest } => {
             let msg = format!("too old resource version: {requested} ({oldest})");
             let _ = tx.send(enc.line("ERROR", status::expired(&msg))).await;
+            return;
+        }
+        WatchStart::Failed(msg) => {
+            eprintln!("sim-apiserver[{}] watch failed: {msg}", req.state.id);
+            let s = status::failure(500, "InternalError", &msg, None);
+            let _ = tx.send(enc.line("ERROR", s)).await;
             return;
         }
     };
@@ -134,39 +167,47 @@ async fn pump(
             return;
         }
     }
-    if send_initial {
-        let bookmark = json!({
-            "kind": req.info.kind,
-            "apiVersion": req.info.api_version(),
-            "metadata": {
-                "resourceVersion": start_rv.to_string(),
-                "annotations": { "k8s.io/initial-events-end": "true" },
-            },
-        });
-        if tx.send(enc.line("BOOKMARK", bookmark)).await.is_err() {
+    if opts.send_initial {
+        let line = enc.line("BOOKMARK", bookmark(&req.info, start_rv, true));
+        if tx.send(line).await.is_err() {
             return;
         }
     }
+    // Everything up to here has been delivered: the resourceVersion for the next bookmark.
+    let mut progress = start_rv;
     let mut shutdown = req.state.shutdown.clone();
-    let deadline = tokio::time::sleep(timeout);
+    let deadline = tokio::time::sleep(opts.timeout);
     tokio::pin!(deadline);
+    let period = opts.bookmarks.unwrap_or(Duration::from_secs(3600));
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     loop {
         tokio::select! {
             _ = &mut deadline => break,
             _ = shutdown.changed() => break,
             _ = tx.closed() => break,
-            r = live.recv() => match r {
-                Ok(ev) if ev.rv > start_rv && wanted(&ev) => {
-                    if tx.send(enc.event(&ev)).await.is_err() {
+            _ = ticks.tick(), if opts.bookmarks.is_some() => {
+                if tx.send(enc.line("BOOKMARK", bookmark(&req.info, progress, false))).await.is_err() {
+                    break;
+                }
+            }
+            item = live.recv() => match item {
+                Some(Live::Event(ev)) => {
+                    progress = progress.max(ev.rv);
+                    if wanted(&ev) && tx.send(enc.event(&ev)).await.is_err() {
                         break;
                     }
                 }
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    let _ = tx.send(enc.line("ERROR", status::expired("watch fell behind; please re-list"))).await;
+                Some(Live::Progress(rv)) => progress = progress.max(rv),
+                Some(Live::Expired(msg)) => {
+                    let _ = tx.send(enc.line("ERROR", status::expired(&msg))).await;
                     break;
                 }
-                Err(broadcast::error::RecvError::Closed) => break,
+                Some(Live::Failed(msg)) => {
+                    // The client sees the stream end and watches again from its last version.
+                    eprintln!("sim-apiserver[{}] watch ended: {msg}", req.state.id);
+                    break;
+                }
+                None => break,
             },
         }
     }

@@ -1,6 +1,7 @@
-//! The in-memory object store of one process: objects keyed by (group, version, resource,
-//! namespace, name), one global resourceVersion counter, a bounded log of change events
-//! (for watches that resume from a resourceVersion) and a broadcast of live events.
+//! The in-memory object store of one process (`--storage memory`, the default without
+//! `--etcd`): objects keyed by (group, version, resource, namespace, name), one global
+//! resourceVersion counter, a bounded log of change events (for watches that resume from a
+//! resourceVersion) and a broadcast of live events. Nothing is shared with other processes.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -8,64 +9,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-/// Which collection an object belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Gvr {
-    pub group: String,
-    pub version: String,
-    pub resource: String,
-}
+use super::{object_rv, Event, EventType, Gvr, Key, StoreError, WatchFrom};
 
-/// The full key of one object; `namespace` is empty for cluster-scoped objects.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Key {
-    pub gvr: Gvr,
-    pub namespace: String,
-    pub name: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventType {
-    Added,
-    Modified,
-    Deleted,
-}
-
-impl EventType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventType::Added => "ADDED",
-            EventType::Modified => "MODIFIED",
-            EventType::Deleted => "DELETED",
-        }
-    }
-}
-
-/// One change, as seen by watchers.
-#[derive(Debug)]
-pub struct Event {
-    pub rv: u64,
-    pub kind: EventType,
-    pub key: Key,
-    pub object: Value,
-}
-
-#[derive(Debug, PartialEq, Eq)]
-pub enum StoreError {
-    AlreadyExists,
-    NotFound,
-    Conflict,
-}
-
-/// Where a watch starts.
-pub enum WatchFrom {
-    /// Synthetic ADDED events for every existing object, then live events.
-    Now,
-    /// Replay logged events newer than this resourceVersion, then live events.
-    After(u64),
-}
-
-pub enum WatchStart {
+/// How a watch on the memory store starts: the events to send first and the live broadcast
+/// (every change of every collection, in resourceVersion order).
+pub enum MemoryWatch {
     Started {
         initial: Vec<Arc<Event>>,
         live: broadcast::Receiver<Arc<Event>>,
@@ -86,7 +34,7 @@ struct Inner {
     log_truncated_at: u64,
 }
 
-pub struct Store {
+pub struct MemoryStore {
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Arc<Event>>,
 }
@@ -97,16 +45,10 @@ fn set_rv(obj: &mut Value, rv: u64) {
     }
 }
 
-pub fn object_rv(obj: &Value) -> &str {
-    obj.pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-}
-
-impl Store {
-    pub fn new() -> Store {
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
         let (tx, _) = broadcast::channel(4096);
-        Store {
+        MemoryStore {
             inner: Mutex::new(Inner::default()),
             tx,
         }
@@ -212,7 +154,7 @@ impl Store {
 
     /// Start a watch on a collection. The initial events and the live receiver are taken
     /// under one lock, so no change falls between them. Callers filter by namespace.
-    pub fn watch(&self, gvr: &Gvr, from: WatchFrom) -> WatchStart {
+    pub fn watch(&self, gvr: &Gvr, from: WatchFrom) -> MemoryWatch {
         let inner = self.lock();
         let live = self.tx.subscribe();
         let initial = match from {
@@ -231,7 +173,7 @@ impl Store {
                 .collect(),
             WatchFrom::After(rv) => {
                 if inner.log_truncated_at > 0 && rv < inner.log_truncated_at {
-                    return WatchStart::TooOld {
+                    return MemoryWatch::TooOld {
                         requested: rv,
                         oldest: inner.log_truncated_at,
                     };
@@ -244,7 +186,7 @@ impl Store {
                     .collect()
             }
         };
-        WatchStart::Started {
+        MemoryWatch::Started {
             initial,
             live,
             rv: inner.rv,
@@ -274,7 +216,7 @@ mod tests {
 
     #[test]
     fn create_get_update_delete() {
-        let s = Store::new();
+        let s = MemoryStore::new();
         let a = s.create(key("ns", "a"), obj("a"), false).unwrap();
         assert_eq!(object_rv(&a), "1");
         assert_eq!(
@@ -308,20 +250,20 @@ mod tests {
 
     #[test]
     fn watch_replays_after_rv_and_lists_now() {
-        let s = Store::new();
+        let s = MemoryStore::new();
         s.create(key("ns", "a"), obj("a"), false).unwrap();
         s.create(key("ns", "b"), obj("b"), false).unwrap();
         let gvr = key("", "").gvr;
         match s.watch(&gvr, WatchFrom::After(1)) {
-            WatchStart::Started { initial, rv, .. } => {
+            MemoryWatch::Started { initial, rv, .. } => {
                 assert_eq!(initial.len(), 1);
                 assert_eq!(initial[0].key.name, "b");
                 assert_eq!(rv, 2);
             }
-            WatchStart::TooOld { .. } => panic!("too old"),
+            MemoryWatch::TooOld { .. } => panic!("too old"),
         }
         match s.watch(&gvr, WatchFrom::Now) {
-            WatchStart::Started {
+            MemoryWatch::Started {
                 initial, mut live, ..
             } => {
                 assert_eq!(initial.len(), 2);
@@ -330,7 +272,7 @@ mod tests {
                 let ev = live.try_recv().unwrap();
                 assert_eq!((ev.kind, ev.rv), (EventType::Deleted, 3));
             }
-            WatchStart::TooOld { .. } => panic!("too old"),
+            MemoryWatch::TooOld { .. } => panic!("too old"),
         }
     }
 }

@@ -1,0 +1,108 @@
+//! Counters of the peer watcher, as plain atomics, rendered in the Prometheus text format.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::address::RejectReason;
+
+#[derive(Debug, Default)]
+pub struct PeerMetrics {
+    address_rejected: [AtomicU64; RejectReason::ALL.len()],
+    watch_errors: AtomicU64,
+    restarts: AtomicU64,
+    live_peers: AtomicU64,
+    excluded_leases: AtomicU64,
+}
+
+impl PeerMetrics {
+    pub fn address_rejected(&self, reason: RejectReason) {
+        self.address_rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn rejected_total(&self, reason: RejectReason) -> u64 {
+        self.address_rejected[reason.index()].load(Ordering::Relaxed)
+    }
+
+    pub fn watch_error(&self) {
+        self.watch_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn watch_errors_total(&self) -> u64 {
+        self.watch_errors.load(Ordering::Relaxed)
+    }
+
+    pub fn restarted(&self) {
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn restarts_total(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    pub fn set_counts(&self, live: usize, excluded: usize) {
+        self.live_peers.store(live as u64, Ordering::Relaxed);
+        self.excluded_leases
+            .store(excluded as u64, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition of these metrics.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str(
+            "# HELP skewgate_peer_address_rejected_total Peer addresses ignored, by reason (reported once per lease and value).\n\
+             # TYPE skewgate_peer_address_rejected_total counter\n",
+        );
+        for r in RejectReason::ALL {
+            let _ = writeln!(
+                out,
+                "skewgate_peer_address_rejected_total{{reason=\"{}\"}} {}",
+                r.label(),
+                self.rejected_total(r)
+            );
+        }
+        let _ = write!(
+            out,
+            "# HELP skewgate_peer_watch_errors_total Errors of the identity lease watch (it retries with backoff).\n\
+             # TYPE skewgate_peer_watch_errors_total counter\n\
+             skewgate_peer_watch_errors_total {}\n\
+             # HELP skewgate_peer_restarts_total Identity leases that got a new holder identity (apiserver restarts).\n\
+             # TYPE skewgate_peer_restarts_total counter\n\
+             skewgate_peer_restarts_total {}\n\
+             # HELP skewgate_peers_live Live peer apiservers with an accepted address.\n\
+             # TYPE skewgate_peers_live gauge\n\
+             skewgate_peers_live {}\n\
+             # HELP skewgate_peer_leases_excluded Identity leases that are not peers (dead, no usable address).\n\
+             # TYPE skewgate_peer_leases_excluded gauge\n\
+             skewgate_peer_leases_excluded {}\n",
+            self.watch_errors_total(),
+            self.restarts_total(),
+            self.live_peers.load(Ordering::Relaxed),
+            self.excluded_leases.load(Ordering::Relaxed),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_reason() {
+        let m = PeerMetrics::default();
+        m.address_rejected(RejectReason::OutsideCidrs);
+        m.address_rejected(RejectReason::OutsideCidrs);
+        m.address_rejected(RejectReason::Hostname);
+        m.set_counts(2, 1);
+        let text = m.render();
+        assert!(text.contains("skewgate_peer_address_rejected_total{reason=\"outside_cidrs\"} 2\n"));
+        assert!(text.contains("skewgate_peer_address_rejected_total{reason=\"hostname\"} 1\n"));
+        assert!(text.contains("skewgate_peer_address_rejected_total{reason=\"no_cidrs\"} 0\n"));
+        assert!(text.contains("skewgate_peers_live 2\n"));
+        assert_eq!(
+            text.matches("skewgate_peer_address_rejected_total{")
+                .count(),
+            RejectReason::ALL.len()
+        );
+    }
+}

@@ -1,0 +1,308 @@
+//! The kube glue: a kube-runtime `watcher` on the identity Leases in `kube-system`
+//! (`apiserver.kubernetes.io/identity=kube-apiserver`), fed into a [`Tracker`], published as
+//! [`PeerSet`] snapshots on a `tokio::sync::watch` channel.
+//!
+//! A snapshot is published after every lease event and whenever a live lease reaches the end
+//! of its grace (a timer set to the earliest expiry), so a peer that stops renewing drops out
+//! without any watch event. Only changed snapshots are published. Watch errors are retried by
+//! kube-runtime with its default backoff, counted and logged; meanwhile liveness is frozen
+//! (the snapshot is marked `stale`) and a re-list replaces the leases only once complete.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::address::{loggable, PEER_ADVERTISE_ADDRESS_ANNOTATION};
+use super::metrics::PeerMetrics;
+use super::model::{
+    LeaseInfo, Notice, PeerConfig, PeerSet, Tracker, HOSTNAME_LABEL, IDENTITY_LABEL,
+    IDENTITY_LABEL_VALUE, LEASE_NAMESPACE,
+};
+
+/// `apiserver.kubernetes.io/identity=kube-apiserver`
+pub fn label_selector() -> String {
+    format!("{IDENTITY_LABEL}={IDENTITY_LABEL_VALUE}")
+}
+
+fn system_time(t: &Timestamp) -> Option<SystemTime> {
+    let (secs, nanos) = (t.as_second(), t.subsec_nanosecond());
+    if secs < 0 || nanos < 0 {
+        return None;
+    }
+    UNIX_EPOCH.checked_add(Duration::new(secs as u64, nanos as u32))
+}
+
+/// The plain data of one identity lease.
+pub fn lease_info(lease: &Lease) -> LeaseInfo {
+    let md = &lease.metadata;
+    let spec = lease.spec.as_ref();
+    LeaseInfo {
+        name: md.name.clone().unwrap_or_default(),
+        holder_identity: spec.and_then(|s| s.holder_identity.clone()),
+        hostname: md
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(HOSTNAME_LABEL))
+            .cloned(),
+        renew_time: spec
+            .and_then(|s| s.renew_time.as_ref())
+            .and_then(|t| system_time(&t.0)),
+        peer_advertise_address: md
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PEER_ADVERTISE_ADDRESS_ANNOTATION))
+            .cloned(),
+    }
+}
+
+/// A client from a kubeconfig file (`--kubeconfig`), or inferred (in-cluster / `$KUBECONFIG`).
+pub async fn client_from_kubeconfig(path: Option<&Path>) -> anyhow::Result<Client> {
+    let config = match path {
+        Some(p) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(p)?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// A running peer watcher. Dropping it stops the watch.
+pub struct PeerWatcher {
+    pub updates: watch::Receiver<PeerSet>,
+    pub metrics: Arc<PeerMetrics>,
+    task: JoinHandle<()>,
+}
+
+impl PeerWatcher {
+    /// Start watching; the first snapshot is empty and not `synced`.
+    pub fn spawn(client: Client, config: PeerConfig, metrics: Arc<PeerMetrics>) -> PeerWatcher {
+        let (tx, updates) = watch::channel(PeerSet::default());
+        let task = tokio::spawn(run(client, config, metrics.clone(), tx));
+        PeerWatcher {
+            updates,
+            metrics,
+            task,
+        }
+    }
+
+    /// The current snapshot.
+    pub fn current(&self) -> PeerSet {
+        self.updates.borrow().clone()
+    }
+}
+
+impl Drop for PeerWatcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn apply_event(tracker: &mut Tracker, event: Event<Lease>) {
+    match event {
+        Event::Init => tracker.begin_relist(),
+        Event::InitApply(l) => tracker.relist_apply(lease_info(&l)),
+        Event::InitDone => tracker.finish_relist(),
+        Event::Apply(l) => tracker.apply(lease_info(&l)),
+        Event::Delete(l) => tracker.delete(&lease_info(&l).name),
+    }
+}
+
+fn report(notice: &Notice, metrics: &PeerMetrics) {
+    match notice {
+        Notice::Restarted {
+            id,
+            old_holder,
+            new_holder,
+            generation,
+        } => {
+            metrics.restarted();
+            info!(peer = %id, %old_holder, %new_holder, generation, "apiserver restarted (new holder identity)");
+        }
+        Notice::AddressRejected { id, value, reason } => {
+            metrics.address_rejected(*reason);
+            let value = value.as_deref().map(loggable);
+            warn!(
+                peer = %id,
+                value = ?value,
+                reason = reason.label(),
+                "ignoring identity lease: no acceptable peer address"
+            );
+        }
+    }
+}
+
+/// Log who joined, left or changed between two snapshots.
+fn log_changes(old: &PeerSet, new: &PeerSet) {
+    for p in &new.peers {
+        match old.peer(&p.id) {
+            None => {
+                info!(peer = %p.id, address = %p.address, generation = p.generation, "peer joined")
+            }
+            Some(o) if o.address != p.address || o.generation != p.generation => info!(
+                peer = %p.id,
+                address = %p.address,
+                generation = p.generation,
+                "peer changed"
+            ),
+            Some(_) => {}
+        }
+    }
+    for o in &old.peers {
+        if new.peer(&o.id).is_none() {
+            match new.excluded(&o.id) {
+                Some(e) => info!(peer = %o.id, reason = ?e.reason, "peer left"),
+                None => info!(peer = %o.id, "peer left (lease deleted)"),
+            }
+        }
+    }
+    if new.stale != old.stale {
+        if new.stale {
+            warn!("identity lease watch failing: peers are kept as last seen until it recovers");
+        } else {
+            info!("identity lease watch recovered");
+        }
+    }
+    if new.synced && !old.synced {
+        info!(peers = new.peers.len(), local = ?new.local.as_ref().map(|l| &l.id), "identity leases synced");
+    }
+}
+
+/// Watch until `tx` has no receivers left.
+pub async fn run(
+    client: Client,
+    config: PeerConfig,
+    metrics: Arc<PeerMetrics>,
+    tx: watch::Sender<PeerSet>,
+) {
+    if config.policy.allowed_cidrs.is_empty() {
+        warn!("no peer CIDR configured: every {PEER_ADVERTISE_ADDRESS_ANNOTATION} annotation is refused; only the operator's peer address mapping is used");
+    } else {
+        let cidrs: Vec<String> = config
+            .policy
+            .allowed_cidrs
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        info!(?cidrs, grace = ?config.grace, "watching apiserver identity leases");
+    }
+    let api: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
+    let wc = watcher::Config::default().labels(&label_selector());
+    let mut events = watcher::watcher(api, wc).default_backoff().boxed();
+    let mut tracker = Tracker::new(config);
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let expiry = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ev = events.next() => match ev {
+                Some(Ok(ev)) => {
+                    tracker.watch_ok();
+                    apply_event(&mut tracker, ev);
+                }
+                Some(Err(e)) => {
+                    metrics.watch_error();
+                    tracker.watch_failed(SystemTime::now());
+                    warn!(error = %e, "identity lease watch failed; retrying (peer liveness frozen meanwhile)");
+                }
+                None => {
+                    warn!("identity lease watch ended");
+                    return;
+                }
+            },
+            _ = expiry => debug!("a peer lease reached the end of its grace"),
+            _ = tx.closed() => return,
+        }
+        let eval = tracker.evaluate(SystemTime::now());
+        for n in &eval.notices {
+            report(n, &metrics);
+        }
+        metrics.set_counts(eval.set.peers.len(), eval.set.excluded.len());
+        deadline = eval.next_expiry.map(|d| tokio::time::Instant::now() + d);
+        let new = eval.set;
+        tx.send_if_modified(|current| {
+            if *current == new {
+                return false;
+            }
+            log_changes(current, &new);
+            *current = new;
+            true
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn lease_to_info() {
+        let lease: Lease = serde_json::from_value(json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "apiserver-abc",
+                "namespace": "kube-system",
+                "labels": {
+                    "apiserver.kubernetes.io/identity": "kube-apiserver",
+                    "kubernetes.io/hostname": "cp-1"
+                },
+                "annotations": {"kubernetes.io/peer-advertise-address": "10.0.0.1:6444"}
+            },
+            "spec": {
+                "holderIdentity": "apiserver-abc_0b3c",
+                "leaseDurationSeconds": 3600,
+                "renewTime": "2024-05-01T12:34:56.123456Z"
+            }
+        }))
+        .unwrap();
+        let info = lease_info(&lease);
+        assert_eq!(info.name, "apiserver-abc");
+        assert_eq!(info.holder_identity.as_deref(), Some("apiserver-abc_0b3c"));
+        assert_eq!(info.hostname.as_deref(), Some("cp-1"));
+        assert_eq!(
+            info.peer_advertise_address.as_deref(),
+            Some("10.0.0.1:6444")
+        );
+        assert_eq!(
+            info.renew_time,
+            Some(UNIX_EPOCH + Duration::from_micros(1_714_566_896_123_456))
+        );
+
+        let bare: Lease = serde_json::from_value(json!({
+            "metadata": {"name": "apiserver-x"}
+        }))
+        .unwrap();
+        let info = lease_info(&bare);
+        assert_eq!(
+            info,
+            LeaseInfo {
+                name: "apiserver-x".into(),
+                ..Default::default()
+            }
+        );
+    }
+
+    #[test]
+    fn selector() {
+        assert_eq!(
+            label_selector(),
+            "apiserver.kubernetes.io/identity=kube-apiserver"
+        );
+    }
+}
