@@ -4,6 +4,7 @@
 pub mod bootstrap;
 pub mod discovery;
 pub mod documents;
+pub mod fetch;
 pub mod merge;
 pub mod merged;
 pub mod peers;
