@@ -18,6 +18,7 @@ pub mod config;
 pub mod discovery;
 pub mod gzip;
 pub mod hygiene;
+pub mod identity;
 pub mod local_reply;
 pub mod negotiation;
 pub mod request_info;
