@@ -121,6 +121,46 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+/// How a forwarded request authenticates to the apiserver. Every cluster the configuration
+/// names (`skewgate-local` and each peer cluster) exists in Envoy once per variant, so the
+/// three kinds of traffic never share an upstream connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamAuth {
+    /// The filter set `X-Remote-User`/`X-Remote-Group` from a verified client certificate:
+    /// the connection presents the proxy-client certificate (requestheader authentication).
+    ProxyIdentity,
+    /// The client sent a bearer token: TLS without a client certificate, the apiserver
+    /// authenticates the token itself.
+    Token,
+    /// Neither: TLS without a client certificate, in a pool of its own, because
+    /// kube-apiserver may close a shared HTTP/2 connection after an unauthenticated request.
+    Anonymous,
+}
+
+impl UpstreamAuth {
+    pub const ALL: [UpstreamAuth; 3] = [
+        UpstreamAuth::ProxyIdentity,
+        UpstreamAuth::Token,
+        UpstreamAuth::Anonymous,
+    ];
+
+    pub fn suffix(self) -> &'static str {
+        match self {
+            UpstreamAuth::ProxyIdentity => "-identity",
+            UpstreamAuth::Token => "-token",
+            UpstreamAuth::Anonymous => "-anonymous",
+        }
+    }
+
+    /// The Envoy cluster carrying this variant of `base`.
+    pub fn cluster(self, base: &str) -> String {
+        format!("{base}{}", self.suffix())
+    }
+}
+
+/// The cluster of the apiserver this Envoy fronts, before its [`UpstreamAuth`] suffix.
+pub const LOCAL_CLUSTER: &str = "skewgate-local";
+
 /// Why a configuration was refused. The message names the offending entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigError {
