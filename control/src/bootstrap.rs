@@ -6,15 +6,15 @@
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::routing::RoutingPlan;
 
 const BOOTSTRAP_TEMPLATE: &str = include_str!("../../envoy/static-bootstrap.yaml");
 const CLUSTER_TEMPLATE: &str = include_str!("../../envoy/static-cluster.yaml");
 
-/// The Envoy cluster for the apiserver this Envoy fronts; the default route points at it.
-pub const LOCAL_CLUSTER: &str = "skewgate-local";
+use skewgate_core::config::UpstreamAuth;
+pub use skewgate_core::config::LOCAL_CLUSTER;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
@@ -94,6 +94,99 @@ pub struct StaticBootstrap<'a> {
     /// The apiservers' `--request-timeout`; Envoy bounds non-long-running requests by a
     /// little more, so the apiserver's own timeout answer wins whenever it can give one.
     pub request_timeout: std::time::Duration,
+    /// TLS for clients; `None` serves plaintext (tests and demos on loopback only).
+    pub serving: Option<&'a ServingTls>,
+    /// TLS to the apiservers; `None` connects in plaintext (tests and demos on loopback only).
+    pub upstream: Option<&'a UpstreamTls>,
+}
+
+/// What Envoy presents to clients: the apiserver's own serving certificate, and the client CA
+/// that verifies client certificates (optional for clients, as on kube-apiserver).
+#[derive(Debug, Clone)]
+pub struct ServingTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// kube-apiserver's `--client-ca-file`. Without it no client certificate is requested.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// How Envoy talks to apiservers: verify them against the CA that signed their serving
+/// certificates, with the name upstream's peer proxy verifies, and present the proxy-client
+/// certificate on `-identity` connections.
+#[derive(Debug, Clone)]
+pub struct UpstreamTls {
+    /// kube-apiserver's `--peer-ca-file`.
+    pub peer_ca_file: PathBuf,
+    /// kube-apiserver's `--proxy-client-cert-file` / `--proxy-client-key-file`: the
+    /// certificate the apiservers trust for requestheader authentication.
+    pub proxy_client_cert_file: PathBuf,
+    pub proxy_client_key_file: PathBuf,
+}
+
+/// The name every apiserver's serving certificate carries; upstream's peer proxy verifies it.
+pub const APISERVER_TLS_NAME: &str = "kubernetes.default.svc";
+
+fn file(path: &Path) -> Result<serde_json::Value, BootstrapError> {
+    let name = path.to_str().ok_or(BootstrapError::Unsafe("a file path"))?;
+    if name.is_empty() || name.chars().any(char::is_control) {
+        return Err(BootstrapError::Unsafe("a file path"));
+    }
+    Ok(serde_json::json!({ "filename": name }))
+}
+
+impl ServingTls {
+    /// The filter chain's `transport_socket`, as one line of YAML flow (JSON).
+    fn transport_socket(&self) -> Result<String, BootstrapError> {
+        let mut common = serde_json::json!({
+            "alpn_protocols": ["h2", "http/1.1"],
+            "tls_certificates": [{
+                "certificate_chain": file(&self.cert_file)?,
+                "private_key": file(&self.key_file)?,
+            }],
+        });
+        if let Some(ca) = &self.client_ca_file {
+            common["validation_context"] = serde_json::json!({ "trusted_ca": file(ca)? });
+        }
+        let socket = serde_json::json!({
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+                // Optional, as on kube-apiserver: token and anonymous clients present none. A
+                // certificate that is presented must verify, or the handshake fails.
+                "require_client_certificate": false,
+                "common_tls_context": common,
+            }
+        });
+        Ok(socket.to_string())
+    }
+}
+
+impl UpstreamTls {
+    fn transport_socket(&self, auth: UpstreamAuth) -> Result<String, BootstrapError> {
+        let mut common = serde_json::json!({
+            "validation_context": {
+                "trusted_ca": file(&self.peer_ca_file)?,
+                "match_typed_subject_alt_names": [
+                    { "san_type": "DNS", "matcher": { "exact": APISERVER_TLS_NAME } }
+                ],
+            },
+        });
+        if auth == UpstreamAuth::ProxyIdentity {
+            common["tls_certificates"] = serde_json::json!([{
+                "certificate_chain": file(&self.proxy_client_cert_file)?,
+                "private_key": file(&self.proxy_client_key_file)?,
+            }]);
+        }
+        let socket = serde_json::json!({
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": APISERVER_TLS_NAME,
+                "common_tls_context": common,
+            }
+        });
+        Ok(socket.to_string())
+    }
 }
 
 /// How much longer than the apiserver's request timeout Envoy waits.
@@ -108,7 +201,7 @@ impl StaticBootstrap<'_> {
         if wasm.chars().any(|c| c.is_control() || c == '"') {
             return Err(BootstrapError::Unsafe("the wasm path"));
         }
-        let mut clusters = render_cluster(LOCAL_CLUSTER, std::slice::from_ref(self.local));
+        let mut clusters = self.render_clusters(LOCAL_CLUSTER, std::slice::from_ref(self.local))?;
         for cluster in &plan.clusters {
             let addresses = cluster
                 .peer_ids
@@ -121,8 +214,15 @@ impl StaticBootstrap<'_> {
                         .ok_or_else(|| BootstrapError::UnknownPeer(id.clone()))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            clusters.push_str(&render_cluster(&cluster.name, &addresses));
+            clusters.push_str(&self.render_clusters(&cluster.name, &addresses)?);
         }
+        let downstream_tls = match self.serving {
+            Some(tls) => format!(
+                "name: tls\n      transport_socket: {}",
+                tls.transport_socket()?
+            ),
+            None => "name: plaintext".to_string(),
+        };
         // A JSON string is a valid YAML double-quoted scalar.
         let filter_config = serde_json::to_string(&plan.config.to_json())
             .map_err(|_| BootstrapError::Unsafe("the filter configuration"))?;
@@ -130,6 +230,7 @@ impl StaticBootstrap<'_> {
             .replace("{{admin_port}}", &self.admin_port.to_string())
             .replace("{{listen_address}}", &yaml_host(self.listen))
             .replace("{{listen_port}}", &self.listen.port.to_string())
+            .replace("{{downstream_tls}}", &downstream_tls)
             .replace("{{wasm_path}}", &format!("\"{wasm}\""))
             .replace("{{filter_config}}", &filter_config)
             .replace(
@@ -143,11 +244,49 @@ impl StaticBootstrap<'_> {
     }
 }
 
+impl StaticBootstrap<'_> {
+    /// The three variants of one cluster.
+    fn render_clusters(&self, base: &str, addresses: &[Address]) -> Result<String, BootstrapError> {
+        let mut out = String::new();
+        for auth in UpstreamAuth::ALL {
+            let transport_socket = match self.upstream {
+                Some(tls) => format!("    transport_socket: {}\n", tls.transport_socket(auth)?),
+                None => String::new(),
+            };
+            out.push_str(&render_cluster(
+                &auth.cluster(base),
+                addresses,
+                auth,
+                &transport_socket,
+            ));
+        }
+        Ok(out)
+    }
+}
+
 fn yaml_host(address: &Address) -> String {
     format!("\"{}\"", address.host)
 }
 
-fn render_cluster(name: &str, addresses: &[Address]) -> String {
+const KEEP_DOWNSTREAM_PROTOCOL: &str =
+    "        # HTTP/2 has no Upgrade: keep the client's protocol upstream so that WebSocket and
+        # SPDY upgrades arriving over HTTP/1.1 stay HTTP/1.1 to the apiserver.
+        use_downstream_protocol_config:
+          http_protocol_options: {}
+          http2_protocol_options: {}
+";
+const HTTP1_ONLY: &str =
+    "        # Unauthenticated requests never share an HTTP/2 connection with anyone.
+        explicit_http_config:
+          http_protocol_options: {}
+";
+
+fn render_cluster(
+    name: &str,
+    addresses: &[Address],
+    auth: UpstreamAuth,
+    transport_socket: &str,
+) -> String {
     let mut endpoints = String::new();
     for a in addresses {
         // Writing to a String cannot fail.
@@ -167,7 +306,16 @@ fn render_cluster(name: &str, addresses: &[Address]) -> String {
     let mut out = CLUSTER_TEMPLATE
         .replace("{{name}}", name)
         .replace("{{discovery_type}}", discovery_type)
-        .replace("{{endpoints}}", endpoints.trim_end());
+        .replace("{{endpoints}}", endpoints.trim_end())
+        .replace(
+            "{{protocol_options}}",
+            if auth == UpstreamAuth::Anonymous {
+                HTTP1_ONLY
+            } else {
+                KEEP_DOWNSTREAM_PROTOCOL
+            },
+        )
+        .replace("{{transport_socket}}", transport_socket);
     out.push('\n');
     out
 }

@@ -1,15 +1,19 @@
 //! `skewgate-control`: the skewgate control plane.
 //!
-//! `render-static` renders a complete Envoy bootstrap (listener, filter with its routing table,
-//! clusters) from discovery documents saved to disk, for setups without a live control plane
-//! and for tests.
+//! - `run`: the live control plane: watches identity Leases, CRDs and APIServices, fetches every
+//!   apiserver's discovery, and serves clusters and the filter configuration to Envoy over delta
+//!   ADS (`skewgate_control::app`);
+//! - `bootstrap`: prints the Envoy bootstrap for `run`;
+//! - `render-static` renders a complete Envoy bootstrap (listener, filter with its routing table,
+//!   clusters) from discovery documents saved to disk, for setups without a live control plane
+//!   and for tests.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use skewgate_control::bootstrap::{Address, StaticBootstrap};
+use skewgate_control::bootstrap::{Address, ServingTls, StaticBootstrap, UpstreamTls};
 use skewgate_control::documents::DiscoveryDocuments;
 use skewgate_control::merged;
 use skewgate_control::routing::{self, Peer};
@@ -23,6 +27,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the live control plane beside one Envoy (identity Leases, live discovery, xDS).
+    Run(skewgate_control::app::RunArgs),
+    /// Print the Envoy bootstrap for `run` (listener, its TLS, the xDS connection).
+    Bootstrap(skewgate_control::app::BootstrapArgs),
     /// Render an Envoy bootstrap with a static routing table from saved discovery documents.
     RenderStatic(RenderStatic),
 }
@@ -54,6 +62,31 @@ struct RenderStatic {
     /// gives non-long-running requests 10 s more before answering 503/504 itself.
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     request_timeout: u64,
+    /// The apiserver's serving certificate, which Envoy presents to clients in its place.
+    #[arg(long, requires = "tls_private_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    #[arg(long, requires = "tls_cert_file")]
+    tls_private_key_file: Option<PathBuf>,
+    /// The cluster's client CA: client certificates are optional and verified against it; a
+    /// verified one becomes X-Remote-User/X-Remote-Group towards the apiservers.
+    #[arg(long, requires = "tls_cert_file")]
+    client_ca_file: Option<PathBuf>,
+    /// The CA that signed the apiservers' serving certificates (verified with the name
+    /// kubernetes.default.svc).
+    #[arg(long, requires_all = ["proxy_client_cert_file", "proxy_client_key_file"])]
+    peer_ca_file: Option<PathBuf>,
+    /// The certificate the apiservers accept for requestheader authentication; it must not
+    /// chain to the client CA.
+    #[arg(long, requires = "peer_ca_file")]
+    proxy_client_cert_file: Option<PathBuf>,
+    #[arg(long, requires = "peer_ca_file")]
+    proxy_client_key_file: Option<PathBuf>,
+    /// Serve clients in plaintext. For tests and demos on loopback only.
+    #[arg(long, conflicts_with = "tls_cert_file")]
+    insecure_plaintext_listener: bool,
+    /// Connect to apiservers in plaintext. For tests and demos on loopback only.
+    #[arg(long, conflicts_with = "peer_ca_file")]
+    insecure_plaintext_upstreams: bool,
     /// Also write the filter configuration (JSON) to this file.
     #[arg(long)]
     filter_config_out: Option<PathBuf>,
@@ -152,6 +185,24 @@ fn render_static(args: RenderStatic) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     let listen = Address::parse_listen(&args.listen)?;
+    let serving = match (&args.tls_cert_file, &args.tls_private_key_file) {
+        (Some(cert), Some(key)) => Some(ServingTls {
+            cert_file: cert.clone(),
+            key_file: key.clone(),
+            client_ca_file: args.client_ca_file.clone(),
+        }),
+        _ if args.insecure_plaintext_listener => None,
+        _ => bail!("give --tls-cert-file and --tls-private-key-file (or, on loopback only, --insecure-plaintext-listener)"),
+    };
+    let upstream = match (&args.peer_ca_file, &args.proxy_client_cert_file, &args.proxy_client_key_file) {
+        (Some(ca), Some(cert), Some(key)) => Some(UpstreamTls {
+            peer_ca_file: ca.clone(),
+            proxy_client_cert_file: cert.clone(),
+            proxy_client_key_file: key.clone(),
+        }),
+        _ if args.insecure_plaintext_upstreams => None,
+        _ => bail!("give --peer-ca-file, --proxy-client-cert-file and --proxy-client-key-file (or, on loopback only, --insecure-plaintext-upstreams)"),
+    };
     let bootstrap = StaticBootstrap {
         listen: &listen,
         admin_port: args.admin_port,
@@ -159,6 +210,8 @@ fn render_static(args: RenderStatic) -> Result<()> {
         local: &local.address,
         peers: &peer_addresses,
         request_timeout: std::time::Duration::from_secs(args.request_timeout),
+        serving: serving.as_ref(),
+        upstream: upstream.as_ref(),
     }
     .render(&plan)?;
     print!("{bootstrap}");
@@ -167,6 +220,8 @@ fn render_static(args: RenderStatic) -> Result<()> {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Run(args) => skewgate_control::app::cli::run(args),
+        Command::Bootstrap(args) => skewgate_control::app::cli::bootstrap(args),
         Command::RenderStatic(args) => render_static(args),
     }
 }

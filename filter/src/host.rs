@@ -58,3 +58,17 @@ pub fn plugin_configuration() -> Result<Option<Bytes>, Status> {
         usize::MAX,
     )
 }
+
+/// Adds a value (a header may repeat: one `X-Remote-Group` per group).
+pub fn add_request_header(name: &str, value: &str) -> Result<(), Status> {
+    hostcalls::add_map_value_bytes(MapType::HttpRequestHeaders, name, value.as_bytes())
+}
+
+pub fn add_response_header(name: &str, value: &str) -> Result<(), Status> {
+    hostcalls::add_map_value_bytes(MapType::HttpResponseHeaders, name, value.as_bytes())
+}
+
+/// Answer the request here; Envoy stops it from going upstream.
+pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> Result<(), Status> {
+    hostcalls::send_http_response(status, headers.to_vec(), Some(body))
+}

@@ -1,11 +1,13 @@
-//! One HTTP request through the filter (DESIGN.md "Request path", steps 1 and 4-9).
+//! One HTTP request through the filter (DESIGN.md "Request path", steps 1-9).
 
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use proxy_wasm::types::{Action, Bytes};
+use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
 use skewgate_core::discovery::{DiscoveryAnswer, DiscoveryHeaders, PassReason, Response};
 use skewgate_core::hygiene::{self, PEER_PROXIED, REQUEST_CLASS, SHORT_REQUEST, UPSTREAM_CLUSTER};
+use skewgate_core::identity::{self, REMOTE_GROUP, REMOTE_USER};
 use skewgate_core::local_reply::{self, RoutedTo};
 use skewgate_core::routing::Upstream;
 use skewgate_core::status;
@@ -18,8 +20,36 @@ use crate::root::Compiled;
 enum Handled {
     /// Sent on to an apiserver.
     Forwarded,
-    /// Answered here (merged discovery).
+    /// Answered here (a client certificate we cannot map).
     Answered,
+}
+
+/// The headers merged discovery is negotiated on, kept to answer once the local apiserver has
+/// authorized the request.
+struct PendingDiscovery {
+    method: String,
+    path: String,
+    accept: Option<Bytes>,
+    if_none_match: Option<Bytes>,
+    accept_encoding: Option<Bytes>,
+}
+
+impl PendingDiscovery {
+    fn headers(&self) -> DiscoveryHeaders<'_> {
+        DiscoveryHeaders {
+            accept: self.accept.as_deref(),
+            if_none_match: self.if_none_match.as_deref(),
+            accept_encoding: self.accept_encoding.as_deref(),
+        }
+    }
+}
+
+/// What replaces the body of the response.
+enum Replacement {
+    /// Envoy's own reply, as a Status.
+    Status(String),
+    /// The local apiserver's discovery answer, by the merged document.
+    Discovery,
 }
 
 pub struct Request {
@@ -27,8 +57,10 @@ pub struct Request {
     metrics: Rc<Metrics>,
     /// What a peer-bound request asked for, for the 503 message; `None` when routed locally.
     peer_target: Option<String>,
-    /// The Status body replacing an Envoy-generated reply, written once the body arrives.
-    replacement_body: Option<String>,
+    /// A discovery request we answer from the merged documents if the local apiserver lets
+    /// the client read discovery at all.
+    discovery: Option<PendingDiscovery>,
+    replacement: Option<Replacement>,
 }
 
 impl Request {
@@ -37,21 +69,20 @@ impl Request {
             compiled,
             metrics,
             peer_target: None,
-            replacement_body: None,
+            discovery: None,
+            replacement: None,
         }
     }
 
-    /// Steps 1 and 4-8. Errors from the host are logged and the request fails closed with a
+    /// Steps 1-8. Errors from the host are returned, and the request then fails closed with a
     /// 503 Status: a request we could not sanitise must not reach an apiserver.
     fn route_request(&mut self) -> Result<Handled, proxy_wasm::types::Status> {
         let headers = host::request_headers()?;
 
         // Step 1: strip every header a client must not control, before anything else.
         let forbidden = hygiene::forbidden_names(headers.iter().map(|(n, _)| n.as_str()));
-        let mut route_header_removed = false;
         for name in &forbidden {
             host::remove_request_header(name)?;
-            route_header_removed |= name.eq_ignore_ascii_case(UPSTREAM_CLUSTER);
         }
         if !forbidden.is_empty() {
             log::debug!("skewgate: removed client headers {forbidden:?}");
@@ -64,30 +95,72 @@ impl Request {
                 .find(|(n, _)| n == name)
                 .map(|(_, v)| v.as_slice())
         };
-        let method = String::from_utf8_lossy(raw(":method").unwrap_or_default());
-        let path = String::from_utf8_lossy(raw(":path").unwrap_or_default());
+        let method = String::from_utf8_lossy(raw(":method").unwrap_or_default()).into_owned();
+        let path = String::from_utf8_lossy(raw(":path").unwrap_or_default()).into_owned();
 
-        // Step 3: discovery from the merged documents.
+        // Step 2: identity.
+        let auth = match host::property(&["connection", "subject_peer_certificate"])? {
+            Some(subject) if !subject.is_empty() => {
+                let subject = String::from_utf8_lossy(&subject);
+                match identity::identity_from_subject(&subject) {
+                    Ok(id) => {
+                        host::set_request_header(REMOTE_USER, &id.user)?;
+                        for group in &id.groups {
+                            host::add_request_header(REMOTE_GROUP, group)?;
+                        }
+                        UpstreamAuth::ProxyIdentity
+                    }
+                    Err(e) => {
+                        // kube-apiserver's x509 authenticator fails such a certificate too.
+                        log::info!("skewgate: refusing client certificate {subject:?}: {e}");
+                        let body = status::failure(
+                            401,
+                            &format!("client certificate cannot be used to authenticate: {e}"),
+                        );
+                        host::send_response(
+                            401,
+                            &[("content-type", status::CONTENT_TYPE)],
+                            body.as_bytes(),
+                        )?;
+                        return Ok(Handled::Answered);
+                    }
+                }
+            }
+            _ if raw("authorization").is_some() => UpstreamAuth::Token,
+            _ => UpstreamAuth::Anonymous,
+        };
+
+        // Step 3: discovery. The local apiserver still authenticates and authorizes the
+        // request (anonymous users may not read /apis by default): it gets a plain request
+        // for its own document, and only a 200 is replaced by the merged one.
         if let Some(discovery) = &self.compiled.discovery {
             let discovery_headers = DiscoveryHeaders {
                 accept: raw("accept"),
                 if_none_match: raw("if-none-match"),
                 accept_encoding: raw("accept-encoding"),
             };
-            let (answer, reason) = discovery.answer(&method, &path, discovery_headers);
-            match (answer, reason) {
-                (DiscoveryAnswer::Respond(response), _) => {
-                    Metrics::inc(self.metrics.discovery_cache_hits);
-                    send_discovery(&response)?;
-                    return Ok(Handled::Answered);
-                }
-                (DiscoveryAnswer::Pass, PassReason::NoPeer) => {
-                    Metrics::inc(self.metrics.discovery_nopeer)
-                }
-                (DiscoveryAnswer::Pass, PassReason::Local) => {
-                    Metrics::inc(self.metrics.discovery_cache_misses)
-                }
-                (DiscoveryAnswer::Pass, PassReason::NotDiscovery) => {}
+            match discovery.answer(&method, &path, discovery_headers).1 {
+                PassReason::NoPeer => Metrics::inc(self.metrics.discovery_nopeer),
+                PassReason::Local => Metrics::inc(self.metrics.discovery_cache_misses),
+                PassReason::NotDiscovery => {}
+            }
+            if let (DiscoveryAnswer::Respond(_), _) =
+                discovery.answer(&method, &path, discovery_headers)
+            {
+                self.discovery = Some(PendingDiscovery {
+                    method: method.clone(),
+                    path: path.clone(),
+                    accept: raw("accept").map(<[u8]>::to_vec),
+                    if_none_match: raw("if-none-match").map(<[u8]>::to_vec),
+                    accept_encoding: raw("accept-encoding").map(<[u8]>::to_vec),
+                });
+                host::set_request_header("accept", "application/json")?;
+                host::remove_request_header("if-none-match")?;
+                host::remove_request_header("accept-encoding")?;
+                host::set_request_header(UPSTREAM_CLUSTER, &auth.cluster(LOCAL_CLUSTER))?;
+                host::set_request_header(REQUEST_CLASS, SHORT_REQUEST)?;
+                host::clear_route_cache()?;
+                return Ok(Handled::Forwarded);
             }
         }
 
@@ -95,23 +168,16 @@ impl Request {
         let (info, decision) = self.compiled.table.route(&method, &path);
         log::debug!("skewgate: {method} {path} -> {decision:?}");
         // Watches, exec, logs and the like stream without a timeout; everything else is
-        // bounded, so a peer that accepts the connection but never answers yields a 503.
-        let short = info.as_ref().is_some_and(|i| !i.is_long_running());
-        if short {
+        // bounded, so an apiserver that accepts the connection but never answers yields a 503.
+        if info.as_ref().is_some_and(|i| !i.is_long_running()) {
             host::set_request_header(REQUEST_CLASS, SHORT_REQUEST)?;
         }
-        match decision.upstream {
-            Upstream::Local => {
-                if route_header_removed || short {
-                    host::clear_route_cache()?;
-                }
-            }
+        let base = match decision.upstream {
+            Upstream::Local => LOCAL_CLUSTER,
             Upstream::Peer { cluster } => {
                 Metrics::inc(self.metrics.rerouted);
-                host::set_request_header(UPSTREAM_CLUSTER, cluster)?;
                 // The loop guard: the peer apiserver must serve this itself, never re-proxy.
                 host::set_request_header(PEER_PROXIED, "true")?;
-                host::clear_route_cache()?;
                 self.peer_target = info.map(|i| {
                     let gv = if i.api_group.is_empty() {
                         i.api_version
@@ -125,9 +191,34 @@ impl Request {
                     };
                     format!("{gv}, Resource={resource}")
                 });
+                cluster
             }
-        }
+        };
+        host::set_request_header(UPSTREAM_CLUSTER, &auth.cluster(base))?;
+        host::clear_route_cache()?;
         Ok(Handled::Forwarded)
+    }
+
+    /// The local apiserver let the client read discovery: answer with the merged document.
+    fn answer_discovery(&mut self, code: u16) -> Result<bool, proxy_wasm::types::Status> {
+        let (Some(pending), Some(merged)) = (&self.discovery, &self.compiled.discovery) else {
+            return Ok(false);
+        };
+        // 200, or 404 for a legacy path it does not serve itself: either way the request was
+        // authenticated and authorized (kube authorizes before routing). 401, 403 and the rest:
+        // the apiserver's own answer stands.
+        if code != 200 && code != 404 {
+            return Ok(false);
+        }
+        let (DiscoveryAnswer::Respond(response), _) =
+            merged.answer(&pending.method, &pending.path, pending.headers())
+        else {
+            return Ok(false);
+        };
+        Metrics::inc(self.metrics.discovery_cache_hits);
+        set_discovery_headers(&response)?;
+        self.replacement = Some(Replacement::Discovery);
+        Ok(true)
     }
 
     /// Step 9: give Envoy's own replies a Status body, and make an unreachable peer a 503.
@@ -135,7 +226,7 @@ impl Request {
         let code = host::response_header(":status")?
             .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u16>().ok())
             .unwrap_or(0);
-        if code < 400 {
+        if self.answer_discovery(code)? || code < 400 {
             return Ok(());
         }
         let details = host::property(&["response", "code_details"])?
@@ -156,30 +247,50 @@ impl Request {
             host::set_response_header(":status", &rewrite.code.to_string())?;
             host::set_response_header("content-type", status::CONTENT_TYPE)?;
             host::remove_response_header("content-length")?;
-            self.replacement_body = Some(rewrite.body);
+            self.replacement = Some(Replacement::Status(rewrite.body));
         }
         Ok(())
     }
+
+    fn replacement_body(&self) -> Option<&[u8]> {
+        match self.replacement.as_ref()? {
+            Replacement::Status(body) => Some(body.as_bytes()),
+            Replacement::Discovery => {
+                let (pending, merged) =
+                    (self.discovery.as_ref()?, self.compiled.discovery.as_ref()?);
+                match merged
+                    .answer(&pending.method, &pending.path, pending.headers())
+                    .0
+                {
+                    DiscoveryAnswer::Respond(response) => Some(response.body),
+                    DiscoveryAnswer::Pass => None,
+                }
+            }
+        }
+    }
 }
 
-/// Answer a discovery request with kube-apiserver's headers.
-fn send_discovery(response: &Response<'_>) -> Result<(), proxy_wasm::types::Status> {
-    let mut headers = vec![("content-type", response.content_type)];
-    if let Some(etag) = response.etag {
-        // Aggregated discovery is cacheable and varies by Accept (v2, v2beta1, legacy).
-        headers.push(("etag", etag));
-        headers.push(("vary", "Accept"));
-        headers.push(("cache-control", "public"));
+/// kube-apiserver's headers for a discovery answer, over the local apiserver's.
+fn set_discovery_headers(response: &Response<'_>) -> Result<(), proxy_wasm::types::Status> {
+    host::set_response_header(":status", &response.status.to_string())?;
+    host::set_response_header("content-type", response.content_type)?;
+    host::remove_response_header("content-length")?;
+    match response.etag {
+        Some(etag) => {
+            // Aggregated discovery is cacheable and varies by Accept (v2, v2beta1, legacy).
+            host::set_response_header("etag", etag)?;
+            host::set_response_header("vary", "Accept")?;
+            host::set_response_header("cache-control", "public")?;
+        }
+        None => host::remove_response_header("etag")?,
     }
     if response.gzip {
-        headers.push(("content-encoding", "gzip"));
-        headers.push(("vary", "Accept-Encoding"));
+        host::set_response_header("content-encoding", "gzip")?;
+        host::add_response_header("vary", "Accept-Encoding")?;
+    } else {
+        host::remove_response_header("content-encoding")?;
     }
-    proxy_wasm::hostcalls::send_http_response(
-        u32::from(response.status),
-        headers,
-        Some(response.body),
-    )
+    Ok(())
 }
 
 impl Context for Request {}
@@ -193,33 +304,38 @@ impl HttpContext for Request {
                 log::error!("skewgate: host call failed while routing: {e:?}");
                 let body = status::failure(503, "the proxy could not process the request");
                 // If even this fails there is nothing left to do but stop the request.
-                let _ = proxy_wasm::hostcalls::send_http_response(
+                let _ = host::send_response(
                     503,
-                    vec![("content-type", status::CONTENT_TYPE)],
-                    Some(body.as_bytes()),
+                    &[("content-type", status::CONTENT_TYPE)],
+                    body.as_bytes(),
                 );
                 Action::Pause
             }
         }
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         if let Err(e) = self.map_response() {
             log::error!("skewgate: host call failed while mapping a reply: {e:?}");
+        }
+        if end_of_stream && self.replacement.is_some() {
+            // No body follows (HEAD): nothing to replace.
+            self.replacement = None;
         }
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(body) = &self.replacement_body else {
+        if self.replacement.is_none() {
             return Action::Continue;
-        };
+        }
         if !end_of_stream {
-            // Buffer Envoy's text until it is complete, then replace it whole.
+            // Buffer the original until it is complete, then replace it whole.
             return Action::Pause;
         }
-        if let Err(e) = host::replace_response_body(body_size, body.as_bytes()) {
-            log::error!("skewgate: replacing the reply body failed: {e:?}");
+        let body = self.replacement_body().unwrap_or_default();
+        if let Err(e) = host::replace_response_body(body_size, body) {
+            log::error!("skewgate: replacing the response body failed: {e:?}");
         }
         Action::Continue
     }

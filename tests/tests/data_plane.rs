@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use skewgate_tests::{black_hole, kubectl, Envoy, PeerSpec, SimApiserver};
+use skewgate_tests::{black_hole, kubectl, Envoy, EnvoyOptions, PeerSpec, SimApiserver};
 
 const CLAIMS_V1BETA2: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims";
 
@@ -16,6 +16,14 @@ fn client() -> reqwest::Client {
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap()
+}
+
+/// kube-apiserver --request-timeout of 1 s: Envoy bounds short requests at 11 s.
+fn short_timeout() -> EnvoyOptions {
+    EnvoyOptions {
+        request_timeout: Duration::from_secs(1),
+        ..EnvoyOptions::default()
+    }
 }
 
 fn served_by(resp: &reqwest::Response) -> String {
@@ -225,7 +233,7 @@ async fn peer_that_never_answers_gives_503_after_the_request_timeout() -> Result
         ..PeerSpec::of(&b)?
     };
     // Envoy bounds short requests at the apiserver's request timeout + 10 s.
-    let envoy = Envoy::start_with(&a, vec![hung], Duration::from_secs(1)).await?;
+    let envoy = Envoy::start_with(&a, vec![hung], short_timeout()).await?;
     let resp = client()
         .get(format!("{}{CLAIMS_V1BETA2}", envoy.url()))
         .send()
@@ -247,7 +255,7 @@ async fn peer_that_never_answers_gives_503_after_the_request_timeout() -> Result
 async fn watches_outlive_the_request_timeout() -> Result<()> {
     let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
     let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
-    let envoy = Envoy::start_with(&a, vec![PeerSpec::of(&b)?], Duration::from_secs(1)).await?;
+    let envoy = Envoy::start_with(&a, vec![PeerSpec::of(&b)?], short_timeout()).await?;
     let url = format!("{}{CLAIMS_V1BETA2}", envoy.url());
     let watch = client()
         .get(format!("{url}?watch=1"))

@@ -108,6 +108,8 @@ impl LiveEnvoy {
             xds,
             node_id: "envoy-apiserver-a",
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            serving: None,
+            peer: None,
         }
         .render()?;
         let dir = tempfile::tempdir()?;
@@ -263,6 +265,7 @@ fn snapshot(
             wasm_path: &wasm,
             local: &local.address,
             peers: &addresses,
+            upstream_tls: None,
         },
     )?))
 }

@@ -1,13 +1,15 @@
 //! Renders `envoy/dynamic-bootstrap.yaml`, the Envoy bootstrap of the live mode.
 //!
 //! The template carries every Envoy setting with the reason for it; this module only fills in
-//! the listener, admin and control-plane addresses, the node id and the short request timeout.
-//! Clusters and the filter configuration are not in the bootstrap: they come over ADS.
+//! the listener (and its TLS), admin and control-plane addresses, the node id and the short
+//! request timeout. Clusters and the filter configuration are not in the bootstrap: they come
+//! over ADS (`skewgate-control run`).
 
+use std::path::Path;
 use std::time::Duration;
 
 use super::XdsError;
-use crate::bootstrap::{Address, REQUEST_TIMEOUT_MARGIN};
+use crate::bootstrap::{Address, ServingTls, REQUEST_TIMEOUT_MARGIN};
 
 const TEMPLATE: &str = include_str!("../../../envoy/dynamic-bootstrap.yaml");
 
@@ -22,6 +24,74 @@ pub struct DynamicBootstrap<'a> {
     pub node_id: &'a str,
     /// The apiservers' `--request-timeout` (see [`crate::bootstrap::StaticBootstrap`]).
     pub request_timeout: Duration,
+    /// TLS for clients; `None` serves plaintext (tests and demos on loopback only).
+    pub serving: Option<&'a ServingTls>,
+    /// The L4 peer port, if any.
+    pub peer: Option<PeerPassthrough<'a>>,
+}
+
+/// The peer port: TLS passed through at L4 to the apiserver this Envoy fronts, so peers reach
+/// the apiserver itself (DESIGN.md "Deployment topology").
+#[derive(Debug, Clone, Copy)]
+pub struct PeerPassthrough<'a> {
+    /// Where Envoy listens for peers (the peer-advertise address).
+    pub listen: &'a Address,
+    /// Where the apiserver listens (`127.0.0.1:6443` when it binds loopback).
+    pub apiserver: &'a Address,
+}
+
+/// Keep or drop the lines between `# {{#name}}` and `# {{/name}}`; the marker lines always go.
+fn section(template: &str, name: &str, keep: bool) -> String {
+    let (open, close) = (format!("# {{{{#{name}}}}}"), format!("# {{{{/{name}}}}}"));
+    let mut inside = false;
+    let mut out = String::with_capacity(template.len());
+    for line in template.split_inclusive('\n') {
+        let trimmed = line.trim();
+        if trimmed == open {
+            inside = true;
+        } else if trimmed == close {
+            inside = false;
+        } else if keep || !inside {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
+fn file(path: &Path, what: &'static str) -> Result<serde_json::Value, XdsError> {
+    let name = path.to_str().ok_or(XdsError::Unsafe(what))?;
+    if name.is_empty() || name.chars().any(char::is_control) {
+        return Err(XdsError::Unsafe(what));
+    }
+    Ok(serde_json::json!({ "filename": name }))
+}
+
+/// The filter chain's name and `transport_socket`, as YAML: the same settings as the static
+/// bootstrap's (`crate::bootstrap`), in one line of JSON flow.
+fn downstream_tls(serving: Option<&ServingTls>) -> Result<String, XdsError> {
+    let Some(tls) = serving else {
+        return Ok("name: plaintext".to_string());
+    };
+    let mut common = serde_json::json!({
+        "alpn_protocols": ["h2", "http/1.1"],
+        "tls_certificates": [{
+            "certificate_chain": file(&tls.cert_file, "the serving certificate path")?,
+            "private_key": file(&tls.key_file, "the serving key path")?,
+        }],
+    });
+    if let Some(ca) = &tls.client_ca_file {
+        common["validation_context"] =
+            serde_json::json!({ "trusted_ca": file(ca, "the client CA path")? });
+    }
+    let socket = serde_json::json!({
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+            "require_client_certificate": false,
+            "common_tls_context": common,
+        }
+    });
+    Ok(format!("name: tls\n      transport_socket: {socket}"))
 }
 
 impl DynamicBootstrap<'_> {
@@ -35,7 +105,23 @@ impl DynamicBootstrap<'_> {
         if !node_ok {
             return Err(XdsError::Unsafe("the node id"));
         }
-        Ok(TEMPLATE
+        let downstream_tls = downstream_tls(self.serving)?;
+        let mut template = section(TEMPLATE, "peer_listener", self.peer.is_some());
+        if let Some(peer) = &self.peer {
+            let discovery_type = if peer.apiserver.host.parse::<std::net::IpAddr>().is_ok() {
+                "STATIC"
+            } else {
+                "STRICT_DNS"
+            };
+            template = template
+                .replace("{{peer_listen_address}}", &quoted_host(peer.listen))
+                .replace("{{peer_listen_port}}", &peer.listen.port.to_string())
+                .replace("{{apiserver_address}}", &quoted_host(peer.apiserver))
+                .replace("{{apiserver_port}}", &peer.apiserver.port.to_string())
+                .replace("{{apiserver_discovery_type}}", discovery_type);
+        }
+        Ok(template
+            .replace("{{downstream_tls}}", &downstream_tls)
             .replace("{{node_id}}", &format!("\"{}\"", self.node_id))
             .replace("{{admin_port}}", &self.admin_port.to_string())
             .replace("{{listen_address}}", &quoted_host(self.listen))
@@ -71,6 +157,8 @@ mod tests {
             xds: &xds,
             node_id: "apiserver-a",
             request_timeout: Duration::from_secs(60),
+            serving: None,
+            peer: None,
         }
         .render()
         .expect("renders");
@@ -85,9 +173,19 @@ mod tests {
             "initial_fetch_timeout: 0s",
             "type_urls: [type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm]",
             "validate_clusters: false",
+            "- name: plaintext\n      filters:",
+            "cluster_header: x-skewgate-upstream-cluster",
+            "direct_response:",
+            "\"reason\":\"ServiceUnavailable\",\"code\":503}'",
         ] {
             assert!(yaml.contains(want), "{want} missing");
         }
+        // Every route goes through the filter's header: none names a cluster itself.
+        assert!(!yaml.contains("cluster: skewgate-local"), "{yaml}");
+        assert!(!yaml.contains("transport_socket"));
+        // No peer port unless asked for; no section marker is ever left.
+        assert!(!yaml.contains("apiserver-peer") && !yaml.contains("apiserver-passthrough"));
+        assert!(!yaml.contains("{{#") && !yaml.contains("{{/"));
         // The filter keeps its name: ECDS resources are looked up by it.
         assert!(yaml.contains(&format!("- name: {}\n", super::super::FILTER_NAME)));
     }
@@ -102,9 +200,109 @@ mod tests {
                 xds: &a,
                 node_id: bad,
                 request_timeout: Duration::from_secs(60),
+                serving: None,
+                peer: None,
             }
             .render();
             assert!(r.is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn serves_tls_with_optional_client_certificates() {
+        let listen = Address::parse_listen("10.0.0.11:6443").expect("listen");
+        let xds = Address::parse("127.0.0.1:18000").expect("xds");
+        let mut serving = ServingTls {
+            cert_file: "/etc/kubernetes/pki/apiserver.crt".into(),
+            key_file: "/etc/kubernetes/pki/apiserver.key".into(),
+            client_ca_file: Some("/etc/kubernetes/pki/ca.crt".into()),
+        };
+        let render = |serving: &ServingTls| {
+            DynamicBootstrap {
+                listen: &listen,
+                admin_port: 9901,
+                xds: &xds,
+                node_id: "apiserver-a",
+                request_timeout: Duration::from_secs(60),
+                serving: Some(serving),
+                peer: None,
+            }
+            .render()
+        };
+        let yaml = render(&serving).expect("renders");
+        let line = yaml
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("transport_socket: "))
+            .expect("a transport socket");
+        let socket: serde_json::Value = serde_json::from_str(line).expect("JSON flow");
+        let ctx = &socket["typed_config"];
+        assert_eq!(
+            ctx["@type"],
+            "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
+        );
+        assert_eq!(ctx["require_client_certificate"], false);
+        let common = &ctx["common_tls_context"];
+        assert_eq!(
+            common["alpn_protocols"],
+            serde_json::json!(["h2", "http/1.1"])
+        );
+        assert_eq!(
+            common["tls_certificates"][0]["certificate_chain"]["filename"],
+            "/etc/kubernetes/pki/apiserver.crt"
+        );
+        assert_eq!(
+            common["validation_context"]["trusted_ca"]["filename"],
+            "/etc/kubernetes/pki/ca.crt"
+        );
+        assert!(yaml.contains("- name: tls\n      transport_socket: {"));
+
+        // Without a client CA no certificate is requested.
+        serving.client_ca_file = None;
+        let yaml = render(&serving).expect("renders");
+        assert!(!yaml.contains("validation_context"));
+
+        serving.key_file = "/etc/key\n".into();
+        assert!(matches!(render(&serving), Err(XdsError::Unsafe(_))));
+    }
+
+    #[test]
+    fn the_peer_port_passes_tls_through_to_the_apiserver() {
+        let listen = Address::parse_listen("10.0.0.11:6443").expect("listen");
+        let peer_listen = Address::parse_listen("10.0.0.11:6444").expect("peer");
+        let apiserver = Address::parse("127.0.0.1:6443").expect("apiserver");
+        let xds = Address::parse("127.0.0.1:18000").expect("xds");
+        let yaml = DynamicBootstrap {
+            listen: &listen,
+            admin_port: 9901,
+            xds: &xds,
+            node_id: "cp-1",
+            request_timeout: Duration::from_secs(60),
+            serving: None,
+            peer: Some(PeerPassthrough {
+                listen: &peer_listen,
+                apiserver: &apiserver,
+            }),
+        }
+        .render()
+        .expect("renders");
+        for want in [
+            "- name: apiserver-peer\n",
+            "address: \"10.0.0.11\", port_value: 6444",
+            "envoy.filters.network.tcp_proxy",
+            "cluster: apiserver-passthrough",
+            "type: STATIC\n",
+            "address: \"127.0.0.1\", port_value: 6443",
+        ] {
+            assert!(yaml.contains(want), "{want} missing:\n{yaml}");
+        }
+        assert!(!yaml.replace("{{...}}", "").contains("{{"), "{yaml}");
+    }
+
+    #[test]
+    fn sections() {
+        let t = "a\n  # {{#x}}\n  b\n  # {{/x}}\nc\n";
+        assert_eq!(section(t, "x", true), "a\n  b\nc\n");
+        assert_eq!(section(t, "x", false), "a\nc\n");
+        assert_eq!(section(t, "y", false), t);
     }
 }

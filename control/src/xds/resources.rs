@@ -2,7 +2,10 @@
 //!
 //! Every setting mirrors `envoy/static-cluster.yaml` and the filter entry of
 //! `envoy/static-bootstrap.yaml`, where each one is explained; the static and the live mode must
-//! configure Envoy identically (a test below pins the values). Each resource carries a version
+//! configure Envoy identically (a test below pins the values). Every cluster the filter
+//! configuration names (`skewgate-local` and each peer set) exists three times, once per
+//! [`UpstreamAuth`] variant (`<base>-identity`, `<base>-token`, `<base>-anonymous`), so the three
+//! kinds of traffic never share an upstream connection. Each resource carries a version
 //! that is the SHA-256 of its encoded `Any`: the same plan always gives the same versions,
 //! across restarts of the control plane, which is what lets a reconnecting Envoy (reporting the
 //! versions it holds) be resynced without a push.
@@ -17,34 +20,47 @@ use envoy_types::pb::envoy::config::cluster::v3::{
     CircuitBreakers, Cluster, OutlierDetection, UpstreamConnectionOptions,
 };
 use envoy_types::pb::envoy::config::core::v3::{
-    address, async_data_source, data_source, socket_address, Address as EnvoyAddress,
-    AsyncDataSource, DataSource, Http1ProtocolOptions, Http2ProtocolOptions, RoutingPriority,
-    SocketAddress, TcpKeepalive, TypedExtensionConfig,
+    address, async_data_source, data_source, socket_address, transport_socket,
+    Address as EnvoyAddress, AsyncDataSource, DataSource, Http1ProtocolOptions,
+    Http2ProtocolOptions, RoutingPriority, SocketAddress, TcpKeepalive, TransportSocket,
+    TypedExtensionConfig,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
 use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType,
+    CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, TlsCertificate,
+    UpstreamTlsContext,
+};
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
-    http_protocol_options::{UpstreamProtocolOptions, UseDownstreamHttpConfig},
+    http_protocol_options::{
+        explicit_http_config::ProtocolConfig, ExplicitHttpConfig, UpstreamProtocolOptions,
+        UseDownstreamHttpConfig,
+    },
     HttpProtocolOptions,
 };
 use envoy_types::pb::envoy::extensions::wasm::v3::{
     plugin_config::Vm, FailurePolicy, PluginConfig, VmConfig,
 };
+use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use envoy_types::pb::google::protobuf::{Any, Duration, StringValue, UInt32Value};
 use envoy_types::util::pack_any;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
+use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
+
 use super::{XdsError, CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL, FILTER_NAME};
-use crate::bootstrap::{Address, LOCAL_CLUSTER};
+use crate::bootstrap::{Address, UpstreamTls, APISERVER_TLS_NAME};
 use crate::routing::RoutingPlan;
 
 /// The Wasm VM's id and runtime, as in the static bootstrap.
 pub const VM_ID: &str = "skewgate";
 pub const WASM_RUNTIME: &str = "envoy.wasm.runtime.v8";
 const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
 
 /// What a snapshot needs besides the routing plan (the same inputs as the static bootstrap).
 #[derive(Debug, Clone)]
@@ -55,6 +71,10 @@ pub struct SnapshotInputs<'a> {
     pub local: &'a Address,
     /// Address of every peer apiserver by id.
     pub peers: &'a [(String, Address)],
+    /// TLS to the apiservers (the peer CA, verified with the name `kubernetes.default.svc`;
+    /// the proxy-client certificate on `-identity` clusters). `None`: plaintext, for tests and
+    /// demos on loopback only.
+    pub upstream_tls: Option<&'a UpstreamTls>,
 }
 
 /// One resource with its content-hash version.
@@ -102,8 +122,8 @@ impl Snapshot {
         }
     }
 
-    /// The resources for a routing plan: `skewgate-local`, one cluster per peer set, and the
-    /// filter configuration (`plan.config` as JSON).
+    /// The resources for a routing plan: the three variants of `skewgate-local` and of each
+    /// peer set, and the filter configuration (`plan.config` as JSON).
     pub fn from_plan(plan: &RoutingPlan, inputs: &SnapshotInputs<'_>) -> Result<Self, XdsError> {
         let wasm = wasm_path(inputs.wasm_path)?;
         Ok(Self::new(
@@ -149,10 +169,10 @@ fn wasm_path(path: &Path) -> Result<&str, XdsError> {
     Ok(wasm)
 }
 
-/// `skewgate-local` first, then one cluster per peer set of the plan.
+/// The three variants of `skewgate-local`, then those of each peer set of the plan.
 pub fn clusters(plan: &RoutingPlan, inputs: &SnapshotInputs<'_>) -> Result<Vec<Cluster>, XdsError> {
-    let mut out = Vec::with_capacity(plan.clusters.len() + 1);
-    out.push(cluster(LOCAL_CLUSTER, std::slice::from_ref(inputs.local)));
+    let mut bases: Vec<(&str, Vec<Address>)> = Vec::with_capacity(plan.clusters.len() + 1);
+    bases.push((LOCAL_CLUSTER, vec![inputs.local.clone()]));
     for peer_cluster in &plan.clusters {
         let addresses = peer_cluster
             .peer_ids
@@ -166,7 +186,18 @@ pub fn clusters(plan: &RoutingPlan, inputs: &SnapshotInputs<'_>) -> Result<Vec<C
                     .ok_or_else(|| XdsError::UnknownPeer(id.clone()))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        out.push(cluster(&peer_cluster.name, &addresses));
+        bases.push((&peer_cluster.name, addresses));
+    }
+    let mut out = Vec::with_capacity(bases.len() * UpstreamAuth::ALL.len());
+    for (base, addresses) in &bases {
+        for auth in UpstreamAuth::ALL {
+            out.push(cluster(
+                &auth.cluster(base),
+                addresses,
+                auth,
+                inputs.upstream_tls,
+            )?);
+        }
     }
     Ok(out)
 }
@@ -179,8 +210,77 @@ fn seconds(seconds: i64) -> Option<Duration> {
     Some(Duration { seconds, nanos: 0 })
 }
 
-/// One upstream cluster: `envoy/static-cluster.yaml` as a resource (the reasons are there).
-pub fn cluster(name: &str, addresses: &[Address]) -> Cluster {
+/// A file Envoy reads (certificates and keys are never sent over xDS, only their paths).
+fn file_source(path: &Path, what: &'static str) -> Result<DataSource, XdsError> {
+    let name = path.to_str().ok_or(XdsError::Unsafe(what))?;
+    if name.is_empty() || name.chars().any(char::is_control) {
+        return Err(XdsError::Unsafe(what));
+    }
+    Ok(DataSource {
+        specifier: Some(data_source::Specifier::Filename(name.to_string())),
+        ..Default::default()
+    })
+}
+
+/// The upstream TLS of one cluster variant, as `envoy/static-cluster.yaml` renders it: the
+/// apiserver's serving certificate must chain to the peer CA and carry the DNS name
+/// `kubernetes.default.svc` (what upstream's peer proxy verifies; Envoy checks no name unless
+/// told to), SNI is that name, and only `-identity` presents the proxy-client certificate.
+/// ALPN is left to Envoy: each connection pool offers its own protocol (`h2` or `http/1.1`).
+pub fn upstream_transport_socket(
+    tls: &UpstreamTls,
+    auth: UpstreamAuth,
+) -> Result<TransportSocket, XdsError> {
+    let tls_certificates = if auth == UpstreamAuth::ProxyIdentity {
+        vec![TlsCertificate {
+            certificate_chain: Some(file_source(
+                &tls.proxy_client_cert_file,
+                "the proxy-client certificate path",
+            )?),
+            private_key: Some(file_source(
+                &tls.proxy_client_key_file,
+                "the proxy-client key path",
+            )?),
+            ..Default::default()
+        }]
+    } else {
+        Vec::new()
+    };
+    let validation = CertificateValidationContext {
+        trusted_ca: Some(file_source(&tls.peer_ca_file, "the peer CA path")?),
+        match_typed_subject_alt_names: vec![SubjectAltNameMatcher {
+            san_type: SanType::Dns as i32,
+            matcher: Some(StringMatcher {
+                match_pattern: Some(MatchPattern::Exact(APISERVER_TLS_NAME.to_string())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let context = UpstreamTlsContext {
+        sni: APISERVER_TLS_NAME.to_string(),
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificates,
+            validation_context_type: Some(ValidationContextType::ValidationContext(validation)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Ok(TransportSocket {
+        name: TLS_TRANSPORT_SOCKET.to_string(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(context))),
+    })
+}
+
+/// One upstream cluster variant: `envoy/static-cluster.yaml` as a resource (the reasons are
+/// there). `-anonymous` speaks HTTP/1.1 only; the others keep the client's protocol.
+pub fn cluster(
+    name: &str,
+    addresses: &[Address],
+    auth: UpstreamAuth,
+    tls: Option<&UpstreamTls>,
+) -> Result<Cluster, XdsError> {
     // All endpoints of one cluster resolve the same way; a mix of names and IPs needs DNS.
     let discovery_type = if addresses.iter().all(|a| a.host.parse::<IpAddr>().is_ok()) {
         DiscoveryType::Static
@@ -205,17 +305,27 @@ pub fn cluster(name: &str, addresses: &[Address]) -> Cluster {
             ..Default::default()
         })
         .collect();
+    let upstream_protocol_options = if auth == UpstreamAuth::Anonymous {
+        UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+            protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                Http1ProtocolOptions::default(),
+            )),
+        })
+    } else {
+        UpstreamProtocolOptions::UseDownstreamProtocolConfig(UseDownstreamHttpConfig {
+            http_protocol_options: Some(Http1ProtocolOptions::default()),
+            http2_protocol_options: Some(Http2ProtocolOptions::default()),
+            ..Default::default()
+        })
+    };
     let protocol_options = HttpProtocolOptions {
-        upstream_protocol_options: Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(
-            UseDownstreamHttpConfig {
-                http_protocol_options: Some(Http1ProtocolOptions::default()),
-                http2_protocol_options: Some(Http2ProtocolOptions::default()),
-                ..Default::default()
-            },
-        )),
+        upstream_protocol_options: Some(upstream_protocol_options),
         ..Default::default()
     };
-    Cluster {
+    let transport_socket = tls
+        .map(|tls| upstream_transport_socket(tls, auth))
+        .transpose()?;
+    Ok(Cluster {
         name: name.to_string(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(discovery_type as i32)),
         connect_timeout: seconds(2),
@@ -252,6 +362,7 @@ pub fn cluster(name: &str, addresses: &[Address]) -> Cluster {
             HTTP_PROTOCOL_OPTIONS.to_string(),
             pack_any(protocol_options),
         )]),
+        transport_socket,
         outlier_detection: Some(OutlierDetection {
             split_external_local_origin_errors: true,
             consecutive_local_origin_failure: u32v(2),
@@ -265,7 +376,7 @@ pub fn cluster(name: &str, addresses: &[Address]) -> Cluster {
             ..Default::default()
         }),
         ..Default::default()
-    }
+    })
 }
 
 /// The filter configuration as the ECDS resource named like the HTTP filter: the Wasm filter
@@ -357,6 +468,7 @@ mod tests {
                     wasm_path: Path::new("/opt/skewgate.wasm"),
                     local: &self.local,
                     peers: &self.peers,
+                    upstream_tls: None,
                 },
             )
             .expect("snapshot")
@@ -395,9 +507,12 @@ mod tests {
         let two = world.snapshot(&p.clone());
         assert_eq!(one, two);
         assert_eq!(one.version(), two.version());
-        // skewgate-local plus one cluster per peer set, one filter configuration.
-        assert_eq!(one.clusters.len(), 3);
-        assert!(one.clusters.contains_key(LOCAL_CLUSTER));
+        // skewgate-local plus one cluster per peer set, each in three variants; one filter
+        // configuration.
+        assert_eq!(one.clusters.len(), 9);
+        for auth in UpstreamAuth::ALL {
+            assert!(one.clusters.contains_key(&auth.cluster(LOCAL_CLUSTER)));
+        }
         assert_eq!(
             one.extension_configs.keys().collect::<Vec<_>>(),
             vec![FILTER_NAME]
@@ -409,7 +524,7 @@ mod tests {
         }
         // Pinned: a change here changes what every running Envoy holds (harmless, but it
         // should be deliberate).
-        let local = &one.clusters[LOCAL_CLUSTER];
+        let local = &one.clusters[&UpstreamAuth::Token.cluster(LOCAL_CLUSTER)];
         assert_eq!(local.resource.type_url, CLUSTER_TYPE_URL);
         assert_eq!(
             one.extension_configs[FILTER_NAME].resource.type_url,
@@ -451,7 +566,10 @@ mod tests {
             .filter(|(name, v)| after.clusters[*name].version != v.version)
             .map(|(name, _)| name)
             .collect();
-        assert_eq!(changed, vec![&c]);
+        let c_variants: Vec<String> = UpstreamAuth::ALL.iter().map(|a| a.cluster(&c)).collect();
+        let mut want: Vec<&String> = c_variants.iter().collect();
+        want.sort();
+        assert_eq!(changed, want);
         assert_eq!(
             after.extension_configs[FILTER_NAME].version,
             before.extension_configs[FILTER_NAME].version
@@ -463,13 +581,16 @@ mod tests {
             &[("x.io", "v1", "widgets")],
         ));
         let bc = routing::peer_cluster_name(&["b", "c"]);
+        let mut want: Vec<String> = [LOCAL_CLUSTER, bc.as_str()]
+            .iter()
+            .flat_map(|base| UpstreamAuth::ALL.iter().map(|a| a.cluster(base)))
+            .collect();
+        want.sort();
+        assert_eq!(shared.clusters.keys().cloned().collect::<Vec<_>>(), want);
+        let local = UpstreamAuth::ProxyIdentity.cluster(LOCAL_CLUSTER);
         assert_eq!(
-            shared.clusters.keys().cloned().collect::<Vec<_>>(),
-            vec![LOCAL_CLUSTER.to_string(), bc]
-        );
-        assert_eq!(
-            shared.clusters[LOCAL_CLUSTER].version,
-            before.clusters[LOCAL_CLUSTER].version
+            shared.clusters[&local].version,
+            before.clusters[&local].version
         );
     }
 
@@ -478,7 +599,7 @@ mod tests {
         let world = World::new();
         let p = plan(&[("x.io", "v1", "widgets")], &[]);
         let snap = world.snapshot(&p);
-        let b = routing::peer_cluster_name(&["b"]);
+        let b = UpstreamAuth::Token.cluster(&routing::peer_cluster_name(&["b"]));
         let cluster =
             Cluster::decode(snap.clusters[&b].resource.value.as_slice()).expect("cluster");
         assert_eq!(cluster.name, b);
@@ -526,7 +647,13 @@ mod tests {
         ));
 
         // A host name needs DNS.
-        let dns = super::cluster("n", &[addr("apiserver-b.example:6443")]);
+        let dns = super::cluster(
+            "n",
+            &[addr("apiserver-b.example:6443")],
+            UpstreamAuth::Token,
+            None,
+        )
+        .expect("cluster");
         assert_eq!(
             dns.cluster_discovery_type,
             Some(ClusterDiscoveryType::Type(DiscoveryType::StrictDns as i32))
@@ -568,6 +695,121 @@ mod tests {
         assert_eq!(json, p.config.to_json());
     }
 
+    fn decode_cluster(snap: &Snapshot, name: &str) -> Cluster {
+        Cluster::decode(snap.clusters[name].resource.value.as_slice()).expect("cluster")
+    }
+
+    fn tls_context(cluster: &Cluster) -> Option<UpstreamTlsContext> {
+        let socket = cluster.transport_socket.as_ref()?;
+        assert_eq!(socket.name, TLS_TRANSPORT_SOCKET);
+        let Some(transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+            panic!("typed config");
+        };
+        assert_eq!(
+            any.type_url,
+            "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+        );
+        Some(UpstreamTlsContext::decode(any.value.as_slice()).expect("tls context"))
+    }
+
+    #[test]
+    fn three_variants_per_cluster_with_their_own_tls_and_protocols() {
+        let world = World::new();
+        let p = plan(&[("x.io", "v1", "widgets")], &[]);
+        let tls = UpstreamTls {
+            peer_ca_file: "/etc/kubernetes/pki/ca.crt".into(),
+            proxy_client_cert_file: "/etc/kubernetes/pki/front-proxy-client.crt".into(),
+            proxy_client_key_file: "/etc/kubernetes/pki/front-proxy-client.key".into(),
+        };
+        let secure = Snapshot::from_plan(
+            &p,
+            &SnapshotInputs {
+                wasm_path: Path::new("/opt/skewgate.wasm"),
+                local: &world.local,
+                peers: &world.peers,
+                upstream_tls: Some(&tls),
+            },
+        )
+        .expect("snapshot");
+        let plain = world.snapshot(&p);
+        let b = routing::peer_cluster_name(&["b"]);
+        for base in [LOCAL_CLUSTER, b.as_str()] {
+            for auth in UpstreamAuth::ALL {
+                let name = auth.cluster(base);
+                // Plaintext (tests): no transport socket at all.
+                assert!(decode_cluster(&plain, &name).transport_socket.is_none());
+                let cluster = decode_cluster(&secure, &name);
+                assert_eq!(cluster.name, name);
+                let ctx = tls_context(&cluster).expect("TLS");
+                assert_eq!(ctx.sni, "kubernetes.default.svc");
+                let common = ctx.common_tls_context.expect("common");
+                let Some(ValidationContextType::ValidationContext(v)) =
+                    common.validation_context_type
+                else {
+                    panic!("validation context");
+                };
+                assert_eq!(
+                    v.trusted_ca.and_then(|d| d.specifier),
+                    Some(data_source::Specifier::Filename(
+                        "/etc/kubernetes/pki/ca.crt".into()
+                    ))
+                );
+                assert_eq!(v.match_typed_subject_alt_names.len(), 1);
+                let san = &v.match_typed_subject_alt_names[0];
+                assert_eq!(san.san_type, SanType::Dns as i32);
+                assert_eq!(
+                    san.matcher.as_ref().and_then(|m| m.match_pattern.clone()),
+                    Some(MatchPattern::Exact("kubernetes.default.svc".into()))
+                );
+                // Only -identity presents the proxy-client certificate.
+                if auth == UpstreamAuth::ProxyIdentity {
+                    assert_eq!(common.tls_certificates.len(), 1, "{name}");
+                    let cert = &common.tls_certificates[0];
+                    assert_eq!(
+                        cert.certificate_chain.clone().and_then(|d| d.specifier),
+                        Some(data_source::Specifier::Filename(
+                            "/etc/kubernetes/pki/front-proxy-client.crt".into()
+                        ))
+                    );
+                    assert_eq!(
+                        cert.private_key.clone().and_then(|d| d.specifier),
+                        Some(data_source::Specifier::Filename(
+                            "/etc/kubernetes/pki/front-proxy-client.key".into()
+                        ))
+                    );
+                } else {
+                    assert!(common.tls_certificates.is_empty(), "{name}");
+                }
+                // -anonymous: HTTP/1.1 only; the others keep the client's protocol.
+                let options = &cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS];
+                let options =
+                    HttpProtocolOptions::decode(options.value.as_slice()).expect("options");
+                match (auth, options.upstream_protocol_options) {
+                    (
+                        UpstreamAuth::Anonymous,
+                        Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+                            protocol_config: Some(ProtocolConfig::HttpProtocolOptions(_)),
+                        })),
+                    ) => {}
+                    (
+                        UpstreamAuth::ProxyIdentity | UpstreamAuth::Token,
+                        Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(_)),
+                    ) => {}
+                    (auth, other) => panic!("{auth:?}: {other:?}"),
+                }
+            }
+        }
+        // A path Envoy could misread is refused.
+        let bad = UpstreamTls {
+            peer_ca_file: "/etc/ca\n.crt".into(),
+            ..tls
+        };
+        assert!(matches!(
+            upstream_transport_socket(&bad, UpstreamAuth::Token),
+            Err(XdsError::Unsafe(_))
+        ));
+    }
+
     #[test]
     fn unknown_peers_and_bad_paths_are_refused() {
         let world = World::new();
@@ -577,6 +819,7 @@ mod tests {
             wasm_path: Path::new("/x.wasm"),
             local: &world.local,
             peers: &world.peers,
+            upstream_tls: None,
         };
         assert!(matches!(
             Snapshot::from_plan(&p, &inputs),

@@ -224,8 +224,10 @@ pub async fn serve(
     let (close_tx, close_rx) = watch::channel(false);
     let service = AggregatedDiscoveryServiceServer::new(Ads::new(snapshots, metrics, close_rx))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-    let local = listener.local_addr().ok();
-    tracing::info!(address = ?local, "xDS server listening");
+    let local = listener
+        .local_addr()
+        .map_or_else(|_| "unknown".to_string(), |a| a.to_string());
+    tracing::info!(address = %local, "xDS server listening");
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     tonic::transport::Server::builder()
         // Finds an Envoy that vanished without closing its connection.
@@ -234,7 +236,7 @@ pub async fn serve(
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
-            tracing::info!(address = ?local, "xDS server shutting down");
+            tracing::info!(address = %local, "xDS server shutting down");
             let _ = close_tx.send(true);
         })
         .await?;

@@ -8,9 +8,14 @@
 //! paths with kube's `404 page not found`, and echoes what reached it in `x-sim-*` headers.
 //! Minimal `/openapi/v3` and `/openapi/v2` documents keep kubectl's client-side validation
 //! from failing (see `openapi.rs`).
+//! It authenticates like kube-apiserver (requestheader, x509 client certificates, static
+//! tokens, anonymous; see `auth.rs`) and answers `selfsubjectreviews` with the caller; with
+//! `--tls-cert-file` it serves TLS with ALPN h2/http1.1 (see `tls.rs`), else plain HTTP.
+//! exec/attach/portforward upgrade to an echo stream that reports the caller (`upgrade.rs`).
 //! On start (after its lease exists) it prints exactly one line, `listening on <ip:port>`, to
 //! stdout. SIGTERM/SIGINT stop it; SIGUSR1 toggles lease renewal.
 
+mod auth;
 mod catalog;
 mod clock;
 mod discovery;
@@ -18,10 +23,12 @@ mod discovery_http;
 mod fixture;
 mod ids;
 mod lease;
+mod listen;
 mod negotiate;
 mod objects;
 mod openapi;
 mod patch;
+mod protobuf;
 mod resources;
 mod respond;
 mod router;
@@ -30,6 +37,8 @@ mod server;
 mod status;
 mod store;
 mod table;
+mod tls;
+mod upgrade;
 mod watch;
 
 use std::io::Write;
@@ -97,6 +106,120 @@ struct Args {
     /// How often watches that allow bookmarks get one (kube: about a minute).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     bookmark_interval: Duration,
+    #[command(flatten)]
+    secure: SecureArgs,
+}
+
+/// TLS and authentication, with kube-apiserver's flag names. No `--tls-cert-file`: plain HTTP
+/// (bearer tokens and anonymous still apply; certificates cannot).
+#[derive(clap::Args, Debug)]
+struct SecureArgs {
+    /// Serving certificate (PEM, the chain after it).
+    #[arg(long, requires = "tls_private_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// Serving key (PEM).
+    #[arg(long, requires = "tls_cert_file")]
+    tls_private_key_file: Option<PathBuf>,
+    /// CA bundle for x509 client certificate users (CN = user, O = groups).
+    #[arg(long, requires = "tls_cert_file")]
+    client_ca_file: Option<PathBuf>,
+    /// CA bundle for the front proxy's client certificate (requestheader authentication).
+    #[arg(long, requires = "tls_cert_file")]
+    requestheader_client_ca_file: Option<PathBuf>,
+    /// Common names the front proxy's certificate may have; empty allows any.
+    #[arg(long, value_delimiter = ',')]
+    requestheader_allowed_names: Vec<String>,
+    /// Headers with the user name; the first non-empty wins. (kube's flag has no default;
+    /// kubeadm sets X-Remote-User.)
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-User")]
+    requestheader_username_headers: Vec<String>,
+    /// Headers with the user's UID (kube 1.32+); none by default.
+    #[arg(long, value_delimiter = ',')]
+    requestheader_uid_headers: Vec<String>,
+    /// Headers with groups; every value of every header is one group.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Group")]
+    requestheader_group_headers: Vec<String>,
+    /// Prefixes of headers with extra user info.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Extra-")]
+    requestheader_extra_headers_prefix: Vec<String>,
+    /// Static bearer tokens: CSV `token,user,uid,"group1,group2"`.
+    #[arg(long)]
+    token_auth_file: Option<PathBuf>,
+    /// Requests no authenticator rejected are `system:anonymous`; `--anonymous-auth=false`
+    /// answers them 401.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
+    anonymous_auth: bool,
+    /// kube feature gates, `Name=bool,...`. Only `UnauthenticatedHTTP2DOSMitigation` is read
+    /// (kube: on by default since 1.29); here it defaults to on with TLS and off in plain HTTP.
+    #[arg(long, value_delimiter = ',')]
+    feature_gates: Vec<String>,
+}
+
+impl SecureArgs {
+    fn feature_gate(&self, name: &str) -> anyhow::Result<Option<bool>> {
+        let mut value = None;
+        for gate in &self.feature_gates {
+            let (k, v) = gate
+                .split_once('=')
+                .with_context(|| format!("--feature-gates: {gate:?} is not Name=bool"))?;
+            let v: bool = v
+                .trim()
+                .parse()
+                .with_context(|| format!("--feature-gates: {gate:?} is not Name=bool"))?;
+            if k.trim() == name {
+                value = Some(v);
+            } else {
+                eprintln!("sim-apiserver: feature gate {k} is not simulated; ignored");
+            }
+        }
+        Ok(value)
+    }
+
+    fn authenticator(&self) -> anyhow::Result<auth::Authenticator> {
+        let request_header = match &self.requestheader_client_ca_file {
+            None => None,
+            Some(path) => Some(auth::RequestHeader {
+                ca: auth::CaVerifier::load(path)?,
+                allowed_names: self
+                    .requestheader_allowed_names
+                    .iter()
+                    .filter(|n| !n.is_empty())
+                    .cloned()
+                    .collect(),
+                username_headers: self.requestheader_username_headers.clone(),
+                uid_headers: self.requestheader_uid_headers.clone(),
+                group_headers: self.requestheader_group_headers.clone(),
+                extra_prefixes: self.requestheader_extra_headers_prefix.clone(),
+            }),
+        };
+        Ok(auth::Authenticator {
+            request_header,
+            client_ca: self
+                .client_ca_file
+                .as_deref()
+                .map(auth::CaVerifier::load)
+                .transpose()?,
+            tokens: self
+                .token_auth_file
+                .as_deref()
+                .map(auth::load_token_file)
+                .transpose()?,
+            anonymous: self.anonymous_auth,
+        })
+    }
+
+    fn tls_config(
+        &self,
+        authn: &auth::Authenticator,
+    ) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_private_key_file) else {
+            return Ok(None);
+        };
+        let wants_certs = authn.client_ca.is_some() || authn.request_header.is_some();
+        let hints = wants_certs.then(|| authn.ca_hints());
+        Ok(Some(tls::server_config(cert, key, hints)?))
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -161,22 +284,39 @@ async fn open_store(args: &Args) -> anyhow::Result<store::Store> {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let fixture = fixture::Fixture::load(&args.fixture)?;
+    let authn = args.secure.authenticator()?;
+    let tls_config = args.secure.tls_config(&authn)?;
     let store = open_store(&args).await?;
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let state = Arc::new(server::AppState::new(
+    let mut state = server::AppState::new(
         args.id.clone(),
         &fixture,
         &args.git_version,
         store,
         args.bookmark_interval,
         shutdown_rx,
-    ));
+    );
+    state.auth = authn;
+    state.http2_dos_mitigation = args
+        .secure
+        .feature_gate("UnauthenticatedHTTP2DOSMitigation")?
+        .unwrap_or(tls_config.is_some());
+    let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
     let id = args.id.clone();
     eprintln!("sim-apiserver[{id}] storage: {}", state.store.describe());
+    eprintln!(
+        "sim-apiserver[{id}] serving {}; authenticators: {}",
+        if tls_config.is_some() {
+            "TLS (h2, http/1.1)"
+        } else {
+            "plain HTTP"
+        },
+        describe_auth(&state.auth)
+    );
 
     let lease = if args.no_lease {
         None
@@ -247,10 +387,35 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(0);
         });
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    listen::serve(
+        listener,
+        tls_config,
+        app,
+        shutdown,
+        format!("sim-apiserver[{}]", args.id),
+    )
+    .await;
     Ok(())
+}
+
+fn describe_auth(a: &auth::Authenticator) -> String {
+    let mut parts = Vec::new();
+    if let Some(rh) = &a.request_header {
+        parts.push(format!(
+            "requestheader (CA {}, allowed names {:?})",
+            rh.ca.path, rh.allowed_names
+        ));
+    }
+    if let Some(ca) = &a.client_ca {
+        parts.push(format!("x509 (CA {})", ca.path));
+    }
+    if let Some(t) = &a.tokens {
+        parts.push(format!("token ({} tokens)", t.len()));
+    }
+    if a.anonymous {
+        parts.push("anonymous".into());
+    }
+    parts.join(", ")
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Resource requests: resolve the verb like kube-apiserver (method + path shape + `watch`),
 //! enforce scope and the verbs discovery advertises, then list/get/create/update/patch/
 //! delete against the store (memory or the shared etcd). Only the `status` subresource is
-//! simulated.
+//! simulated (the streaming ones are in `upgrade.rs`). `selfsubjectreviews` create answers
+//! with the authenticated caller, like kube's REST storage for them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
+use crate::auth::UserInfo;
 use crate::catalog::ResourceInfo;
 use crate::objects::{self, name_of};
 use crate::router::ResourcePath;
@@ -17,7 +19,7 @@ use crate::selectors::Selector;
 use crate::server::AppState;
 use crate::store::{Gvr, Key, StoreError};
 use crate::table::{self, IncludeObject, TableOptions};
-use crate::{ids, negotiate, patch, respond, status, watch};
+use crate::{ids, negotiate, patch, protobuf, respond, status, watch};
 
 /// Everything a verb handler needs about one request.
 struct Ctx<'a> {
@@ -133,6 +135,7 @@ pub async fn handle(
     query: &HashMap<String, String>,
     headers: &HeaderMap,
     body: &[u8],
+    user: &UserInfo,
 ) -> Response {
     let Some(info) = state
         .catalog
@@ -173,6 +176,12 @@ pub async fn handle(
     if !allowed || cluster_wide_write || unsimulated_sub {
         return not_allowed(verb);
     }
+    if info.group == "authentication.k8s.io"
+        && info.resource == "selfsubjectreviews"
+        && verb == "create"
+    {
+        return self_subject_review(info, headers, body, user);
+    }
     let ctx = Ctx {
         state,
         info,
@@ -192,6 +201,46 @@ pub async fn handle(
         "deletecollection" => delete_collection(&ctx).await,
         _ => not_allowed(verb),
     }
+}
+
+/// kube's `selfsubjectreview` REST `Create`: the request body only has to decode; the answer
+/// is a new object carrying the caller's `userInfo`, 201.
+fn self_subject_review(
+    info: &ResourceInfo,
+    headers: &HeaderMap,
+    body: &[u8],
+    user: &UserInfo,
+) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    let decoded = if protobuf::is_protobuf(content_type) {
+        protobuf::type_meta(body)
+            .map(|(api_version, kind)| json!({"apiVersion": api_version, "kind": kind}))
+            .map_err(|e| {
+                status::bad_request(&format!(
+                    "the object provided is unrecognized (must be of type {}): {e}",
+                    info.kind
+                ))
+            })
+    } else {
+        objects::decode(body, info)
+    };
+    let mut obj = match decoded {
+        Ok(o) => o,
+        Err(s) => return status::respond(s),
+    };
+    if let Err(s) = objects::check_type_meta(&mut obj, info) {
+        return status::respond(s);
+    }
+    let review = json!({
+        "kind": info.kind,
+        "apiVersion": info.api_version(),
+        "metadata": { "creationTimestamp": crate::clock::rfc3339(std::time::SystemTime::now()) },
+        "status": { "userInfo": user.to_json() },
+    });
+    respond::json(StatusCode::CREATED, &review)
 }
 
 fn list_object(info: &ResourceInfo, items: Vec<Value>, rv: u64) -> Value {

@@ -1,5 +1,15 @@
-//! The HTTP front: shared state, one fallback handler that routes every request (discovery,
-//! resources, 404), adds the `x-sim-*` echo headers and logs one line per request.
+//! The HTTP front: shared state, one fallback handler that authenticates every request like
+//! kube-apiserver (401 first), routes it (upgrades, discovery, resources, 404), adds the
+//! `x-sim-*` echo headers and logs one line per request.
+//!
+//! Echo headers: `x-sim-apiserver` (this server's id), `x-sim-peer-proxied` and
+//! `x-sim-remote-user` (the raw `x-kubernetes-peer-proxied` / `x-remote-user` request headers,
+//! whoever sent them), `x-sim-impersonate-user` (the raw `Impersonate-User`; impersonation
+//! itself is not simulated), and the identity the authenticator chain settled on: `x-sim-user`,
+//! `x-sim-uid` (when set), `x-sim-groups` (comma-joined) and `x-sim-authenticator`
+//! (`requestheader`, `x509`, `token` or `anonymous`); a 401 carries `x-sim-auth-error`.
+//! Over TLS, `x-sim-alpn` is the negotiated ALPN protocol (`h2`, `http/1.1` or `none`);
+//! `x-sim-conn` numbers the connection the request came on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -7,20 +17,23 @@ use std::time::Duration;
 
 use axum::body::to_bytes;
 use axum::extract::{Query, Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use axum::response::Response;
 use tokio::sync::watch;
 
+use crate::auth::{Authenticator, UserInfo};
 use crate::catalog::Catalog;
 use crate::discovery_http::{self, Discovery};
 use crate::fixture::Fixture;
 use crate::openapi::OpenApi;
 use crate::router::{self, Route};
 use crate::store::Store;
-use crate::{resources, status};
+use crate::tls::ConnInfo;
+use crate::{resources, status, upgrade};
 
 pub const PEER_PROXIED: &str = "x-kubernetes-peer-proxied";
 pub const REMOTE_USER: &str = "x-remote-user";
+pub const IMPERSONATE_USER: &str = "impersonate-user";
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 16 << 20;
@@ -35,6 +48,11 @@ pub struct AppState {
     pub bookmark_interval: Duration,
     /// Flips to `true` on SIGTERM/SIGINT; open watches end.
     pub shutdown: watch::Receiver<bool>,
+    /// The authenticator chain (anonymous only, unless flags configure more).
+    pub auth: Authenticator,
+    /// kube's `UnauthenticatedHTTP2DOSMitigation`: an HTTP/2 connection that carried an
+    /// anonymous or rejected request is closed (GOAWAY) once its requests in flight finish.
+    pub http2_dos_mitigation: bool,
 }
 
 impl AppState {
@@ -55,6 +73,11 @@ impl AppState {
             store,
             bookmark_interval,
             shutdown,
+            auth: Authenticator {
+                anonymous: true,
+                ..Default::default()
+            },
+            http2_dos_mitigation: false,
         }
     }
 }
@@ -63,14 +86,35 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     let method = req.method().clone();
     let uri = req.uri().clone();
     let headers = req.headers().clone();
-    let mut resp = match to_bytes(req.into_body(), MAX_BODY).await {
-        Ok(body) => dispatch(&state, &method, &uri, &headers, &body).await,
-        Err(e) => status::respond(status::failure(
-            413,
-            "RequestEntityTooLarge",
-            &e.to_string(),
-            None,
-        )),
+    let conn = req.extensions().get::<ConnInfo>().cloned();
+    let auth = state.auth.authenticate(conn.as_ref(), &headers);
+    let unauthenticated = auth.as_ref().map_or(true, UserInfo::is_anonymous);
+    if state.http2_dos_mitigation && req.version() == Version::HTTP_2 && unauthenticated {
+        if let Some(close) = conn.as_ref().and_then(|c| c.close.as_ref()) {
+            close.notify_one();
+        }
+    }
+    let mut resp = match &auth {
+        Err(e) => unauthorized(&e.0),
+        Ok(user) => {
+            let route = router::parse(uri.path());
+            if upgrade::applies(&state, &method, &route, &headers) {
+                match &route {
+                    Route::Resource(p) => upgrade::handle(&state, p, req, user).await,
+                    _ => status::page_not_found(),
+                }
+            } else {
+                match to_bytes(req.into_body(), MAX_BODY).await {
+                    Ok(body) => dispatch(&state, route, &method, &uri, &headers, &body, user).await,
+                    Err(e) => status::respond(status::failure(
+                        413,
+                        "RequestEntityTooLarge",
+                        &e.to_string(),
+                        None,
+                    )),
+                }
+            }
+        }
     };
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&state.id) {
@@ -82,9 +126,36 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     if let Some(v) = headers.get(REMOTE_USER) {
         h.insert(HeaderName::from_static("x-sim-remote-user"), v.clone());
     }
+    if let Some(v) = headers.get(IMPERSONATE_USER) {
+        h.insert(HeaderName::from_static("x-sim-impersonate-user"), v.clone());
+    }
+    if let Some(c) = &conn {
+        h.insert(
+            HeaderName::from_static("x-sim-conn"),
+            HeaderValue::from(c.id),
+        );
+    }
+    if let Some(c) = conn.as_ref().filter(|c| c.tls) {
+        let alpn = c.alpn.as_deref().unwrap_or("none");
+        if let Ok(v) = HeaderValue::from_str(alpn) {
+            h.insert(HeaderName::from_static("x-sim-alpn"), v);
+        }
+    }
+    let who = match &auth {
+        Ok(user) => {
+            identity_headers(h, user);
+            format!("{}/{}", user.method.as_str(), user.name)
+        }
+        Err(e) => {
+            if let Ok(v) = HeaderValue::from_bytes(e.0.as_bytes()) {
+                h.insert(HeaderName::from_static("x-sim-auth-error"), v);
+            }
+            format!("unauthorized ({})", e.0)
+        }
+    };
     let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     eprintln!(
-        "sim-apiserver[{}] {method} {path} {} peer-proxied={}",
+        "sim-apiserver[{}] {method} {path} {} peer-proxied={} user={who}",
         state.id,
         resp.status().as_u16(),
         headers.contains_key(PEER_PROXIED)
@@ -92,14 +163,34 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     resp
 }
 
+/// kube's `Unauthorized` handler: 401 with a `Status` body.
+fn unauthorized(_why: &str) -> Response {
+    status::respond(status::failure(401, "Unauthorized", "Unauthorized", None))
+}
+
+fn identity_headers(h: &mut HeaderMap, user: &UserInfo) {
+    let mut set = |name: &'static str, value: &str| {
+        if let Ok(v) = HeaderValue::from_bytes(value.as_bytes()) {
+            h.insert(HeaderName::from_static(name), v);
+        }
+    };
+    set("x-sim-user", &user.name);
+    if !user.uid.is_empty() {
+        set("x-sim-uid", &user.uid);
+    }
+    set("x-sim-groups", &user.groups.join(","));
+    set("x-sim-authenticator", user.method.as_str());
+}
+
 async fn dispatch(
     state: &Arc<AppState>,
+    route: Route,
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
     body: &[u8],
+    user: &UserInfo,
 ) -> Response {
-    let route = router::parse(uri.path());
     let is_get = matches!(*method, Method::GET | Method::HEAD);
     let d = &state.discovery;
     match route {
@@ -107,7 +198,7 @@ async fn dispatch(
             let query: HashMap<String, String> = Query::try_from_uri(uri)
                 .map(|Query(q)| q)
                 .unwrap_or_default();
-            resources::handle(state, &p, method, &query, headers, body).await
+            resources::handle(state, &p, method, &query, headers, body, user).await
         }
         Route::NotFound => status::page_not_found(),
         _ if !is_get => status::respond(status::failure(

@@ -1,0 +1,26 @@
+//! `skewgate-control run`: the live control plane beside one Envoy, and `skewgate-control
+//! bootstrap`, the Envoy bootstrap that points at it.
+//!
+//! ```text
+//! identity Leases ──► PeerWatcher ──► PeerSet ─┐
+//! CRDs, APIServices ─► SharedStorageWatcher ───┤
+//!                                              ▼
+//!            one ApiserverWatch per apiserver (local + each live peer): discovery
+//!                                              ▼
+//!        Orchestrator (debounced): routing::build + merged::discovery_config
+//!                                  + Snapshot::from_plan ──► xds::serve ──► Envoy (delta ADS)
+//! ```
+//!
+//! - [`state`]: the decisions (which watches, the first-sync rule, composition, the skew
+//!   matrix) — pure, table-tested;
+//! - [`config`]: flags to a validated [`RunConfig`](config::RunConfig) — pure;
+//! - [`orchestrator`]: the tokio loop; [`status`]: its counters and the `/readyz` and
+//!   `/debug/skew` state; [`cli`]: the subcommands, logging and signals.
+
+pub mod cli;
+pub mod config;
+pub mod orchestrator;
+pub mod state;
+pub mod status;
+
+pub use cli::{BootstrapArgs, RunArgs};

@@ -1,0 +1,568 @@
+//! The tokio glue of `skewgate-control run`: identity leases → one discovery watch per
+//! apiserver → (debounced) routing plan, merged discovery and xDS snapshot → the xDS server.
+//!
+//! Every decision is a function of [`super::state`]; this loop only keeps the watches running,
+//! gathers their latest views, and publishes what [`compose`] returns:
+//!
+//! - a [`PeerSet`] change reconciles the per-peer [`ApiserverWatch`]es ([`reconcile`]: start for
+//!   a new peer, recreate on an address change, drop and forget the metrics of one that left)
+//!   and reports every lease's holder identity to its watch, so a restart refetches at once;
+//! - any change (peers, shared storage, a watch's documents or attempts) schedules one
+//!   recomputation [`DEBOUNCE`] later, so a burst of changes becomes one push;
+//! - nothing is published before [`first_sync_gate`] allows it; after that every recomputation
+//!   whose snapshot differs (content-hash versions) is published.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tracing::{debug, error, info, warn};
+
+use crate::bootstrap::Address;
+use crate::documents::DiscoveryDocuments;
+use crate::fetch::{
+    spawn_apiserver_watch, ApiserverWatch, Backoff, ClientTemplate, DiscoveryFetcher,
+    DiscoveryMetrics, FetchConfig, RefreshConfig,
+};
+use crate::peers::PeerSet;
+use crate::shared_storage::SharedStorage;
+use crate::xds::Snapshot;
+
+use super::config::RunConfig;
+use super::state::{
+    compose, first_sync_gate, peer_urls, reconcile, ComposeInputs, Gate, MergedOutcome, Progress,
+    ServerView, SyncView, Unrouted,
+};
+use super::status::{ApiserverStatus, AppMetrics, ExcludedLease, Status, View};
+
+/// How long after a change the snapshot is recomputed: a burst of changes (a peer's lease and
+/// then its discovery, several peers restarting) becomes one push.
+pub const DEBOUNCE: Duration = Duration::from_millis(150);
+
+/// A running discovery watch and the task that wakes the orchestrator when it changes.
+struct Running {
+    url: String,
+    watch: ApiserverWatch,
+    forwarder: JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.forwarder.abort();
+    }
+}
+
+impl Running {
+    fn start(
+        id: &str,
+        url: &str,
+        template: &ClientTemplate,
+        fetch: &FetchConfig,
+        refresh: RefreshConfig,
+        metrics: &Arc<DiscoveryMetrics>,
+        wake: &Arc<Notify>,
+    ) -> Result<Self, crate::fetch::SetupError> {
+        let fetcher = DiscoveryFetcher::new(id, url, template, fetch.clone())?;
+        let watch = spawn_apiserver_watch(fetcher, refresh, metrics.clone());
+        let (mut docs, mut state) = (watch.documents.clone(), watch.state.clone());
+        let wake = wake.clone();
+        let forwarder = tokio::spawn(async move {
+            loop {
+                let alive = tokio::select! {
+                    r = docs.changed() => r.is_ok(),
+                    r = state.changed() => r.is_ok(),
+                };
+                if !alive {
+                    return;
+                }
+                wake.notify_one();
+            }
+        });
+        Ok(Running {
+            url: url.to_string(),
+            watch,
+            forwarder,
+        })
+    }
+
+    fn progress(&self) -> Progress {
+        Progress {
+            attempts: self.watch.state.borrow().attempts,
+            has_documents: self.watch.documents.borrow().is_some(),
+        }
+    }
+}
+
+/// What the last composition was computed from: the same inputs give the same snapshot, so
+/// they are not composed again. Documents are compared by identity (a watch publishes a new
+/// `Arc` only when its documents change); holding them keeps the comparison sound.
+#[derive(Default)]
+struct Fingerprint {
+    local_id: String,
+    local: Option<Arc<DiscoveryDocuments>>,
+    peers: Vec<(
+        String,
+        std::net::SocketAddr,
+        Option<Arc<DiscoveryDocuments>>,
+    )>,
+    shared: BTreeSet<(String, String)>,
+}
+
+fn same_docs(a: &Option<Arc<DiscoveryDocuments>>, b: &Option<Arc<DiscoveryDocuments>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+impl PartialEq for Fingerprint {
+    fn eq(&self, other: &Self) -> bool {
+        self.local_id == other.local_id
+            && same_docs(&self.local, &other.local)
+            && self.shared == other.shared
+            && self.peers.len() == other.peers.len()
+            && self
+                .peers
+                .iter()
+                .zip(&other.peers)
+                .all(|(a, b)| a.0 == b.0 && a.1 == b.1 && same_docs(&a.2, &b.2))
+    }
+}
+
+/// Everything the orchestrator shares with the rest of the process.
+pub struct Shared {
+    pub discovery_metrics: Arc<DiscoveryMetrics>,
+    pub app_metrics: Arc<AppMetrics>,
+    pub status: Arc<Status>,
+}
+
+pub struct Orchestrator {
+    config: Arc<RunConfig>,
+    template: ClientTemplate,
+    fetch: FetchConfig,
+    refresh: RefreshConfig,
+    shared: Shared,
+    publisher: watch::Sender<Option<Arc<Snapshot>>>,
+    wake: Arc<Notify>,
+    local: Running,
+    peers: BTreeMap<String, Running>,
+    started: Instant,
+    published_version: Option<String>,
+    fingerprint: Option<Fingerprint>,
+    /// Peers in the last composition.
+    routed: Vec<String>,
+    reported_unrouted: Vec<Unrouted>,
+    reported_waiting: Vec<String>,
+    merged_skipped: Option<String>,
+}
+
+impl Orchestrator {
+    /// Start the local apiserver's discovery watch at once.
+    pub fn new(
+        config: Arc<RunConfig>,
+        template: ClientTemplate,
+        shared: Shared,
+        publisher: watch::Sender<Option<Arc<Snapshot>>>,
+    ) -> anyhow::Result<Self> {
+        let fetch = FetchConfig {
+            timeout: config.discovery_timeout,
+            ..FetchConfig::default()
+        };
+        let refresh = RefreshConfig {
+            interval: config.discovery_refresh_interval,
+            backoff: Backoff {
+                initial: Duration::from_millis(500),
+                max: config
+                    .discovery_refresh_interval
+                    .min(Duration::from_secs(30)),
+            },
+        };
+        let wake = Arc::new(Notify::new());
+        let local = Running::start(
+            "local",
+            &config.local.url,
+            &template,
+            &fetch,
+            refresh,
+            &shared.discovery_metrics,
+            &wake,
+        )?;
+        info!(url = %config.local.url, "fetching the local apiserver's discovery");
+        Ok(Orchestrator {
+            config,
+            template,
+            fetch,
+            refresh,
+            shared,
+            publisher,
+            wake,
+            local,
+            peers: BTreeMap::new(),
+            started: Instant::now(),
+            published_version: None,
+            fingerprint: None,
+            routed: Vec::new(),
+            reported_unrouted: Vec::new(),
+            reported_waiting: Vec::new(),
+            merged_skipped: None,
+        })
+    }
+
+    /// Run until `shutdown` turns true (or its sender goes away).
+    pub async fn run(
+        mut self,
+        mut peers_rx: watch::Receiver<PeerSet>,
+        mut shared_rx: watch::Receiver<SharedStorage>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let deadline =
+            tokio::time::Instant::from_std(self.started + self.config.initial_sync_timeout);
+        let mut deadline_passed = false;
+        let mut peers_live = true;
+        let mut shared_live = true;
+        let mut due = Some(tokio::time::Instant::now());
+        let wake = self.wake.clone();
+        let set = peers_rx.borrow_and_update().clone();
+        self.on_peers(&set);
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let waiting_for_deadline = self.published_version.is_none() && !deadline_passed;
+            let debounce = async {
+                match due {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let mut changed = false;
+            tokio::select! {
+                r = shutdown.changed() => {
+                    if r.is_err() {
+                        break;
+                    }
+                }
+                r = peers_rx.changed(), if peers_live => {
+                    if r.is_ok() {
+                        let set = peers_rx.borrow_and_update().clone();
+                        self.on_peers(&set);
+                    } else {
+                        warn!("the identity lease watcher stopped; peers stay as last seen");
+                        peers_live = false;
+                    }
+                    changed = true;
+                }
+                r = shared_rx.changed(), if shared_live => {
+                    if r.is_err() {
+                        warn!("the shared-storage watcher stopped; its last view stays");
+                        shared_live = false;
+                    }
+                    changed = true;
+                }
+                _ = wake.notified() => changed = true,
+                _ = tokio::time::sleep_until(deadline), if waiting_for_deadline => {
+                    deadline_passed = true;
+                    changed = true;
+                }
+                _ = debounce => {
+                    due = None;
+                    let set = peers_rx.borrow().clone();
+                    let storage = shared_rx.borrow().clone();
+                    self.recompute(&set, &storage, deadline_passed);
+                }
+            }
+            if changed && due.is_none() {
+                due = Some(tokio::time::Instant::now() + DEBOUNCE);
+            }
+        }
+        info!("orchestrator stopped");
+    }
+
+    fn start_peer(&mut self, id: &str, url: &str) {
+        match Running::start(
+            id,
+            url,
+            &self.template,
+            &self.fetch,
+            self.refresh,
+            &self.shared.discovery_metrics,
+            &self.wake,
+        ) {
+            Ok(r) => {
+                self.peers.insert(id.to_string(), r);
+            }
+            Err(e) => {
+                error!(peer = %id, %url, error = %e, "cannot fetch this peer's discovery; it is not routed to")
+            }
+        }
+    }
+
+    fn on_peers(&mut self, set: &PeerSet) {
+        let desired = peer_urls(set, self.config.scheme);
+        let running: BTreeMap<String, String> = self
+            .peers
+            .iter()
+            .map(|(id, r)| (id.clone(), r.url.clone()))
+            .collect();
+        let changes = reconcile(&running, &desired);
+        for id in &changes.stop {
+            self.peers.remove(id);
+            self.shared.discovery_metrics.forget(id);
+            info!(peer = %id, "peer left: its discovery is no longer fetched");
+        }
+        for (id, url) in &changes.restart {
+            self.peers.remove(id);
+            info!(peer = %id, %url, "peer moved: fetching its discovery at the new address");
+            self.start_peer(id, url);
+        }
+        for (id, url) in &changes.start {
+            info!(peer = %id, %url, "peer joined: fetching its discovery");
+            self.start_peer(id, url);
+        }
+        for p in &set.peers {
+            if let Some(r) = self.peers.get(&p.id) {
+                r.watch.trigger.observe_holder_identity(&p.holder_identity);
+            }
+        }
+        if let Some(l) = &set.local {
+            self.local
+                .watch
+                .trigger
+                .observe_holder_identity(&l.holder_identity);
+        }
+    }
+
+    fn local_id(&self, set: &PeerSet) -> String {
+        set.local
+            .as_ref()
+            .map(|l| l.id.clone())
+            .unwrap_or_else(|| self.config.local_fallback_id())
+    }
+
+    fn report_status(&self, set: &PeerSet, routed: Option<&[String]>) {
+        let state = |r: &Running| r.watch.state.borrow().clone();
+        let local_state = state(&self.local);
+        let mut apiservers = vec![ApiserverStatus {
+            id: self.local_id(set),
+            hostname: set.local.as_ref().and_then(|l| l.hostname.clone()),
+            local: true,
+            url: self.local.url.clone(),
+            holder_identity: set.local.as_ref().map(|l| l.holder_identity.clone()),
+            generation: set.local.as_ref().map(|l| l.generation),
+            routed: true,
+            discovery_attempts: local_state.attempts,
+            consecutive_failures: local_state.consecutive_failures,
+            last_error: local_state.last_error,
+        }];
+        for p in &set.peers {
+            let s = self.peers.get(&p.id).map(state).unwrap_or_default();
+            apiservers.push(ApiserverStatus {
+                id: p.id.clone(),
+                hostname: p.hostname.clone(),
+                local: false,
+                url: self.config.scheme.url(p.address),
+                holder_identity: Some(p.holder_identity.clone()),
+                generation: Some(p.generation),
+                routed: routed.is_some_and(|r| r.contains(&p.id)),
+                discovery_attempts: s.attempts,
+                consecutive_failures: s.consecutive_failures,
+                last_error: s.last_error,
+            });
+        }
+        let excluded = set
+            .excluded
+            .iter()
+            .map(|e| ExcludedLease {
+                id: e.id.clone(),
+                reason: format!("{:?}", e.reason),
+            })
+            .collect();
+        self.shared.status.apiservers(apiservers, excluded);
+    }
+
+    fn recompute(&mut self, set: &PeerSet, storage: &SharedStorage, deadline_passed: bool) {
+        if self.published_version.is_none() {
+            let view = SyncView {
+                peers_synced: set.synced,
+                shared_storage_synced: storage.synced,
+                local: self.local.progress(),
+                peers: set
+                    .peers
+                    .iter()
+                    .map(|p| {
+                        let progress = self
+                            .peers
+                            .get(&p.id)
+                            .map(Running::progress)
+                            .unwrap_or_default();
+                        (p.id.clone(), progress)
+                    })
+                    .collect(),
+                deadline_passed,
+            };
+            match first_sync_gate(&view) {
+                Gate::Wait(reasons) => {
+                    if reasons != self.reported_waiting {
+                        info!(?reasons, "waiting for the first complete sync; nothing is published to Envoy yet");
+                        self.reported_waiting = reasons.clone();
+                    }
+                    self.report_status(set, None);
+                    self.shared.status.waiting(reasons);
+                    return;
+                }
+                Gate::Publish { incomplete } if !incomplete.is_empty() => warn!(
+                    ?incomplete,
+                    timeout = ?self.config.initial_sync_timeout,
+                    "the initial sync deadline passed: publishing what is known"
+                ),
+                Gate::Publish { .. } => {}
+            }
+        }
+
+        let local_id = self.local_id(set);
+        let fingerprint = Fingerprint {
+            local_id: local_id.clone(),
+            local: self.local.watch.current(),
+            peers: set
+                .peers
+                .iter()
+                .map(|p| {
+                    (
+                        p.id.clone(),
+                        p.address,
+                        self.peers.get(&p.id).and_then(|r| r.watch.current()),
+                    )
+                })
+                .collect(),
+            shared: storage.group_versions.clone(),
+        };
+        if self.fingerprint.as_ref() == Some(&fingerprint) {
+            self.report_status(set, Some(&self.routed));
+            return;
+        }
+
+        let addresses: Vec<Address> = set
+            .peers
+            .iter()
+            .map(|p| Address {
+                host: p.address.ip().to_string(),
+                port: p.address.port(),
+            })
+            .collect();
+        let views: Vec<ServerView<'_>> = fingerprint
+            .peers
+            .iter()
+            .zip(&addresses)
+            .map(|((id, _, docs), address)| ServerView {
+                id,
+                address,
+                documents: docs.as_deref(),
+            })
+            .collect();
+        let composed = compose(&ComposeInputs {
+            local: ServerView {
+                id: &local_id,
+                address: &self.config.local.address,
+                documents: fingerprint.local.as_deref(),
+            },
+            peers: &views,
+            shared_storage: &storage.group_versions,
+            wasm_path: &self.config.wasm,
+            upstream_tls: self.config.upstream_tls.as_ref(),
+        });
+        let c = match composed {
+            Ok(c) => c,
+            Err(e) => {
+                error!(error = %e, "could not build a snapshot; Envoy keeps the last one");
+                self.shared.app_metrics.compose_error();
+                self.report_status(set, None);
+                return;
+            }
+        };
+
+        // Unrouted peers are reported once they were tried (a peer that just joined has not
+        // answered yet).
+        let tried_unrouted: Vec<Unrouted> = c
+            .unrouted
+            .iter()
+            .filter(|u| {
+                self.peers
+                    .get(&u.id)
+                    .is_none_or(|r| r.watch.state.borrow().attempts > 0)
+            })
+            .cloned()
+            .collect();
+        for u in &tried_unrouted {
+            if !self.reported_unrouted.contains(u) {
+                warn!(peer = %u.id, reason = %u.reason, "live peer is not routed to");
+            }
+        }
+        self.reported_unrouted = tried_unrouted;
+        let merged_note = match &c.merged {
+            MergedOutcome::Included { bytes } => {
+                if self.merged_skipped.take().is_some() {
+                    info!(
+                        bytes,
+                        "merged discovery is back in the filter configuration"
+                    );
+                }
+                self.shared.app_metrics.merged(Some(*bytes));
+                format!("included ({bytes} bytes)")
+            }
+            MergedOutcome::Skipped { reason } => {
+                if self.merged_skipped.as_ref() != Some(reason) {
+                    warn!(%reason, "merged discovery left out of the filter configuration; discovery is each apiserver's own");
+                    self.merged_skipped = Some(reason.clone());
+                }
+                self.shared.app_metrics.merged(None);
+                format!("skipped: {reason}")
+            }
+        };
+        self.shared.app_metrics.peers(
+            c.routed.len(),
+            set.peers.len().saturating_sub(c.routed.len()),
+        );
+
+        let version = c.snapshot.version();
+        if self.published_version.as_deref() != Some(version.as_str()) {
+            let first = self.published_version.is_none();
+            info!(
+                version = %version,
+                local = %local_id,
+                routed_peers = ?c.routed,
+                clusters = c.snapshot.clusters.len(),
+                filter_config_bytes = c.plan.config.to_json().len(),
+                merged_discovery = %merged_note,
+                "publishing a new snapshot to Envoy"
+            );
+            self.publisher
+                .send_replace(Some(Arc::new(c.snapshot.clone())));
+            self.shared.app_metrics.published();
+            if first {
+                let after = self.started.elapsed();
+                info!(after = ?after, "first complete sync published: Envoy may open its listener");
+                self.shared
+                    .app_metrics
+                    .set_ready(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
+            }
+            self.published_version = Some(version.clone());
+        } else {
+            debug!(version = %version, "recomputed: nothing changed for Envoy");
+        }
+        self.fingerprint = Some(fingerprint);
+        self.routed = c.routed.clone();
+        self.report_status(set, Some(&c.routed));
+        self.shared.status.published(View {
+            snapshot_version: version,
+            published_at: SystemTime::now(),
+            served: c.served,
+            plan: c.plan,
+            shared_storage: storage.group_versions.clone(),
+            unrouted: c.unrouted,
+            merged_discovery: merged_note,
+        });
+    }
+}

@@ -1,0 +1,250 @@
+//! What the orchestrator shows: its own counters (Prometheus text) and the status behind
+//! `/readyz` and `/debug/skew`.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::discovery::ServedApis;
+use crate::routing::RoutingPlan;
+
+use super::state::{skew_matrix, Unrouted};
+
+/// The orchestrator's counters and gauges.
+#[derive(Debug, Default)]
+pub struct AppMetrics {
+    published: AtomicU64,
+    compose_errors: AtomicU64,
+    merged_skipped: AtomicU64,
+    merged_bytes: AtomicU64,
+    routed_peers: AtomicU64,
+    unrouted_peers: AtomicU64,
+    ready: AtomicU64,
+    /// Milliseconds from the start to the first publish.
+    first_sync_ms: AtomicU64,
+    last_publish: Mutex<Option<SystemTime>>,
+}
+
+impl AppMetrics {
+    pub fn published(&self) {
+        self.published.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut t) = self.last_publish.lock() {
+            *t = Some(SystemTime::now());
+        }
+    }
+
+    pub fn published_total(&self) -> u64 {
+        self.published.load(Ordering::Relaxed)
+    }
+
+    pub fn compose_error(&self) {
+        self.compose_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn merged(&self, bytes: Option<usize>) {
+        match bytes {
+            Some(b) => self.merged_bytes.store(b as u64, Ordering::Relaxed),
+            None => {
+                self.merged_skipped.fetch_add(1, Ordering::Relaxed);
+                self.merged_bytes.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub fn peers(&self, routed: usize, unrouted: usize) {
+        self.routed_peers.store(routed as u64, Ordering::Relaxed);
+        self.unrouted_peers
+            .store(unrouted as u64, Ordering::Relaxed);
+    }
+
+    pub fn set_ready(&self, after_ms: u64) {
+        self.ready.store(1, Ordering::Relaxed);
+        self.first_sync_ms.store(after_ms, Ordering::Relaxed);
+    }
+
+    pub fn render(&self) -> String {
+        let last = self
+            .last_publish
+            .lock()
+            .ok()
+            .and_then(|t| *t)
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(|d| format!("{}.{:03}", d.as_secs(), d.subsec_millis()));
+        let mut out = String::new();
+        let _ = write!(
+            out,
+            "# HELP skewgate_control_ready 1 once the first complete sync was published to Envoy.\n\
+             # TYPE skewgate_control_ready gauge\n\
+             skewgate_control_ready {}\n\
+             # HELP skewgate_control_first_sync_seconds Time from the start to the first published snapshot.\n\
+             # TYPE skewgate_control_first_sync_seconds gauge\n\
+             skewgate_control_first_sync_seconds {:.3}\n\
+             # HELP skewgate_control_snapshots_published_total Snapshots (routing table, merged discovery, clusters) handed to the xDS server.\n\
+             # TYPE skewgate_control_snapshots_published_total counter\n\
+             skewgate_control_snapshots_published_total {}\n\
+             # HELP skewgate_control_compose_errors_total Failures to build a snapshot (the last one stays).\n\
+             # TYPE skewgate_control_compose_errors_total counter\n\
+             skewgate_control_compose_errors_total {}\n\
+             # HELP skewgate_control_merged_discovery_skipped_total Snapshots without merged discovery (too large).\n\
+             # TYPE skewgate_control_merged_discovery_skipped_total counter\n\
+             skewgate_control_merged_discovery_skipped_total {}\n\
+             # HELP skewgate_control_merged_discovery_bytes Size of the merged discovery in the filter configuration.\n\
+             # TYPE skewgate_control_merged_discovery_bytes gauge\n\
+             skewgate_control_merged_discovery_bytes {}\n\
+             # HELP skewgate_control_peers Live peers by whether requests are routed to them (unrouted: no discovery view).\n\
+             # TYPE skewgate_control_peers gauge\n\
+             skewgate_control_peers{{state=\"routed\"}} {}\n\
+             skewgate_control_peers{{state=\"unrouted\"}} {}\n",
+            self.ready.load(Ordering::Relaxed),
+            self.first_sync_ms.load(Ordering::Relaxed) as f64 / 1000.0,
+            self.published_total(),
+            self.compose_errors.load(Ordering::Relaxed),
+            self.merged_skipped.load(Ordering::Relaxed),
+            self.merged_bytes.load(Ordering::Relaxed),
+            self.routed_peers.load(Ordering::Relaxed),
+            self.unrouted_peers.load(Ordering::Relaxed),
+        );
+        if let Some(t) = last {
+            let _ = write!(
+                out,
+                "# HELP skewgate_control_last_publish_timestamp_seconds When the last snapshot was published.\n\
+                 # TYPE skewgate_control_last_publish_timestamp_seconds gauge\n\
+                 skewgate_control_last_publish_timestamp_seconds {t}\n"
+            );
+        }
+        out
+    }
+}
+
+/// One apiserver on the status page.
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiserverStatus {
+    pub id: String,
+    /// The Lease's `kubernetes.io/hostname`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    pub local: bool,
+    pub url: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_identity: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// Requests may be routed to it (the local one always).
+    pub routed: bool,
+    pub discovery_attempts: u64,
+    pub consecutive_failures: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// A lease that is not a peer, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExcludedLease {
+    pub id: String,
+    pub reason: String,
+}
+
+/// The last published view, for `/debug/skew`.
+#[derive(Debug, Clone)]
+pub struct View {
+    pub snapshot_version: String,
+    pub published_at: SystemTime,
+    pub served: Vec<(String, ServedApis)>,
+    pub plan: RoutingPlan,
+    pub shared_storage: BTreeSet<(String, String)>,
+    pub unrouted: Vec<Unrouted>,
+    pub merged_discovery: String,
+}
+
+/// What `/readyz` and `/debug/skew` read.
+#[derive(Debug, Default)]
+pub struct Status {
+    inner: RwLock<StatusInner>,
+}
+
+#[derive(Debug, Default)]
+struct StatusInner {
+    ready: bool,
+    waiting_for: Vec<String>,
+    view: Option<View>,
+    apiservers: Vec<ApiserverStatus>,
+    excluded: Vec<ExcludedLease>,
+}
+
+impl Status {
+    pub fn waiting(&self, reasons: Vec<String>) {
+        if let Ok(mut s) = self.inner.write() {
+            s.waiting_for = reasons;
+        }
+    }
+
+    pub fn published(&self, view: View) {
+        if let Ok(mut s) = self.inner.write() {
+            s.ready = true;
+            s.waiting_for.clear();
+            s.view = Some(view);
+        }
+    }
+
+    /// Where every apiserver's discovery stands (refreshed on every change, published or not).
+    pub fn apiservers(&self, apiservers: Vec<ApiserverStatus>, excluded: Vec<ExcludedLease>) {
+        if let Ok(mut s) = self.inner.write() {
+            s.apiservers = apiservers;
+            s.excluded = excluded;
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.inner.read().map(|s| s.ready).unwrap_or(false)
+    }
+
+    pub fn ready(&self) -> Result<(), Vec<String>> {
+        let s = self
+            .inner
+            .read()
+            .map_err(|_| vec!["status unavailable".to_string()])?;
+        if s.ready {
+            Ok(())
+        } else if s.waiting_for.is_empty() {
+            Err(vec!["starting".to_string()])
+        } else {
+            Err(s.waiting_for.clone())
+        }
+    }
+
+    /// The `/debug/skew` document.
+    pub fn skew_json(&self, all: bool) -> serde_json::Value {
+        let Ok(s) = self.inner.read() else {
+            return serde_json::json!({ "error": "status unavailable" });
+        };
+        let Some(v) = &s.view else {
+            return serde_json::json!({
+                "ready": false,
+                "waiting_for": s.waiting_for,
+                "apiservers": s.apiservers,
+                "excluded_leases": s.excluded,
+            });
+        };
+        let matrix = skew_matrix(&v.served, &v.plan, &v.shared_storage, all);
+        let published = v
+            .published_at
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        serde_json::json!({
+            "ready": s.ready,
+            "snapshot_version": v.snapshot_version,
+            "published_unix_seconds": published,
+            "merged_discovery": v.merged_discovery,
+            "apiservers": s.apiservers,
+            "unrouted_peers": v.unrouted,
+            "excluded_leases": s.excluded,
+            "shared_storage": v.shared_storage.iter().map(|(g, v)| format!("{g}/{v}")).collect::<Vec<_>>(),
+            "matrix": matrix,
+        })
+    }
+}

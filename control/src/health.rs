@@ -1,0 +1,160 @@
+//! The control plane's HTTP endpoints (`--health-listen`):
+//!
+//! - `/healthz`, `/livez`: 200 while the process serves;
+//! - `/readyz`: 200 only after the first complete sync was published to Envoy, 503 with the
+//!   reasons before;
+//! - `/metrics`: Prometheus text (peers, discovery, xDS, shared storage, the orchestrator);
+//! - `/debug/skew`: the skew matrix as JSON, which apiserver serves which group-version-resource
+//!   and where requests for it go (`?all=true` lists uniformly served ones too).
+//!
+//! Nothing here decides anything: the handlers call what [`Health`] was given.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde::Deserialize;
+
+/// What the endpoints show.
+pub struct Health {
+    /// `Ok` when ready; otherwise why not.
+    pub ready: Box<dyn Fn() -> Result<(), Vec<String>> + Send + Sync>,
+    /// The Prometheus text exposition of every metric.
+    pub metrics: Box<dyn Fn() -> String + Send + Sync>,
+    /// The skew matrix (and apiserver status) as JSON; the flag asks for everything.
+    pub skew: Box<dyn Fn(bool) -> serde_json::Value + Send + Sync>,
+}
+
+/// The router (for tests and for [`serve`]).
+pub fn router(health: Arc<Health>) -> Router {
+    Router::new()
+        .route("/healthz", get(ok))
+        .route("/livez", get(ok))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/debug/skew", get(skew))
+        .with_state(health)
+}
+
+async fn ok() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(h): State<Arc<Health>>) -> Response {
+    match (h.ready)() {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(reasons) => {
+            let mut body = String::from("not ready: no complete sync published yet\n");
+            for r in reasons {
+                body.push_str("- ");
+                body.push_str(&r);
+                body.push('\n');
+            }
+            (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+        }
+    }
+}
+
+async fn metrics(State(h): State<Arc<Health>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        (h.metrics)(),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct SkewQuery {
+    #[serde(default)]
+    all: Option<String>,
+}
+
+async fn skew(State(h): State<Arc<Health>>, Query(q): Query<SkewQuery>) -> Response {
+    let all = matches!(q.all.as_deref(), Some("" | "1" | "true" | "yes"));
+    let body = serde_json::to_string_pretty(&(h.skew)(all)).unwrap_or_else(|_| "{}".into());
+    ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response()
+}
+
+/// Serve until `shutdown` completes, then stop accepting and finish in-flight requests.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let address = listener
+        .local_addr()
+        .map_or_else(|_| "unknown".to_string(), |a| a.to_string());
+    tracing::info!(%address, "health and metrics server listening");
+    axum::serve(listener, router(health))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// One request through the router, in process.
+    async fn get(router: &Router, uri: &str) -> (StatusCode, String, Option<String>) {
+        use axum::body::Body;
+        use axum::http::Request;
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let resp = router
+            .clone()
+            .oneshot(Request::get(uri).body(Body::empty()).expect("request"))
+            .await
+            .expect("infallible");
+        let status = resp.status();
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap_or_default().to_string());
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned(), ct)
+    }
+
+    #[tokio::test]
+    async fn endpoints() {
+        let ready = Arc::new(AtomicBool::new(false));
+        let r = ready.clone();
+        let health = Arc::new(Health {
+            ready: Box::new(move || {
+                if r.load(Ordering::Relaxed) {
+                    Ok(())
+                } else {
+                    Err(vec!["peer apiserver-b has not been tried yet".into()])
+                }
+            }),
+            metrics: Box::new(|| "skewgate_control_ready 0\n".into()),
+            skew: Box::new(|all| serde_json::json!({ "complete": all })),
+        });
+        let router = router(health);
+        assert_eq!(get(&router, "/healthz").await.0, StatusCode::OK);
+        let (status, body, _) = get(&router, "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("apiserver-b"), "{body}");
+        ready.store(true, Ordering::Relaxed);
+        assert_eq!(get(&router, "/readyz").await.0, StatusCode::OK);
+        let (status, body, ct) = get(&router, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, "skewgate_control_ready 0\n");
+        assert!(ct
+            .unwrap_or_default()
+            .starts_with("text/plain; version=0.0.4"));
+        let (_, body, ct) = get(&router, "/debug/skew").await;
+        assert_eq!(ct.as_deref(), Some("application/json"));
+        assert!(body.contains("\"complete\": false"), "{body}");
+        let (_, body, _) = get(&router, "/debug/skew?all=true").await;
+        assert!(body.contains("\"complete\": true"), "{body}");
+        assert_eq!(get(&router, "/nope").await.0, StatusCode::NOT_FOUND);
+    }
+}

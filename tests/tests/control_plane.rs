@@ -1,0 +1,1362 @@
+//! The live mode end to end: a real etcd, simulated apiservers that keep identity Leases in it,
+//! the real `skewgate-control run` binary as a child process, and real Envoy 1.40 on the
+//! bootstrap `skewgate-control bootstrap` prints, loading the release `skewgate_filter.wasm`.
+//! Nothing in this process computes routing: every decision is the control plane's.
+//!
+//! The scenarios run one at a time (the machine is small): leases and upgrades, the control
+//! plane restarted under traffic, and hostile or excluded peers.
+//!
+//! Set `SKEWGATE_TEST_LOGS=1` to see the simulators' logs; the control plane's log is printed
+//! when an assertion fails.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use skewgate_control::bootstrap::Address;
+use skewgate_tests::{
+    envoy_bin, kubeconfig_tls, kubeconfig_yaml, kubectl, repo_root, wasm_path, Credential, Etcd,
+    PeerAdvertise, SimApiserver, SimOptions, Subject, TestPki, TEST_TOKENS,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+/// Lease renewal of the simulated apiservers (kube: 10 s), and the control plane's grace.
+const RENEW: Duration = Duration::from_millis(500);
+const GRACE: Duration = Duration::from_secs(3);
+
+const CLAIMS: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims";
+const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments";
+const AGGREGATED: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// One scenario at a time: each runs etcd, several apiservers, Envoy and the control plane.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn shared(id: &str, fixture: &str, etcd: &Etcd) -> SimOptions {
+    SimOptions::shared(id, fixture, etcd, RENEW)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("a client")
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The `skewgate-control` binary, built once per test process (cargo builds only this
+/// package's binaries for its tests), or `$SKEWGATE_CONTROL`.
+fn control_bin() -> Result<PathBuf> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Ok(p) = std::env::var("SKEWGATE_CONTROL") {
+                return Ok(PathBuf::from(p));
+            }
+            let out = std::process::Command::new(env!("CARGO"))
+                .args(["build", "--quiet", "--bin", "skewgate-control"])
+                .current_dir(repo_root())
+                .output()
+                .map_err(|e| format!("running cargo: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "cargo build --bin skewgate-control failed:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            // Test binaries live in target/<profile>/deps, binaries in target/<profile>.
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+            if dir.ends_with("deps") {
+                dir.pop();
+            }
+            Ok(dir.join("skewgate-control"))
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The control plane as a child process.
+
+/// `skewgate-control run`, restartable at the same ports.
+struct Control {
+    args: Vec<OsString>,
+    health: Address,
+    xds: Address,
+    log_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl Control {
+    /// The control plane beside `local`'s Envoy: plaintext to the simulators, leases through
+    /// `local`, peers accepted on loopback. Not started.
+    fn new(local: &SimApiserver, dir: &Path, extra: &[&str]) -> Result<Self> {
+        let kubeconfig = local.kubeconfig_in(dir)?;
+        let mut args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--insecure-plaintext-upstreams".to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self::with_args(local, dir, args)
+    }
+
+    /// The same over TLS: the peer CA, the proxy-client certificate, and a kubeconfig with a
+    /// bearer token (the apiservers authenticate the control plane like any client).
+    fn secure(local: &SimApiserver, dir: &Path, pki: &TestPki) -> Result<Self> {
+        let kubeconfig = local.kubeconfig_tls_in(
+            dir,
+            "skewgate-control",
+            &pki.cluster_ca.cert_file,
+            &Credential::Token(TEST_TOKENS[0].token.to_string()),
+        )?;
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--peer-ca-file={}", pki.cluster_ca.cert_file.display()),
+            format!(
+                "--proxy-client-cert-file={}",
+                pki.front_proxy_client.cert_file.display()
+            ),
+            format!(
+                "--proxy-client-key-file={}",
+                pki.front_proxy_client.key_file.display()
+            ),
+        ];
+        Self::with_args(local, dir, args)
+    }
+
+    fn with_args(local: &SimApiserver, dir: &Path, extra: Vec<String>) -> Result<Self> {
+        let (xds, health) = (free_port()?, free_port()?);
+        let mut args: Vec<OsString> = vec!["run".into()];
+        args.push(format!("--local-apiserver-url={}", local.url()).into());
+        args.push(format!("--local-lease={}", local.lease_name()).into());
+        args.push(format!("--lease-grace={}ms", GRACE.as_millis()).into());
+        args.push(format!("--xds-listen=127.0.0.1:{xds}").into());
+        args.push(format!("--health-listen=127.0.0.1:{health}").into());
+        args.push(format!("--wasm={}", wasm_path()?.display()).into());
+        args.push("--initial-sync-timeout=20s".into());
+        args.push("--discovery-timeout=3s".into());
+        args.push("--log-level=debug".into());
+        if !extra.iter().any(|a| a.starts_with("--peer-cidr")) {
+            args.push("--peer-cidr=127.0.0.0/8".into());
+        }
+        args.extend(extra.into_iter().map(OsString::from));
+        Ok(Control {
+            args,
+            health: Address::parse(&format!("127.0.0.1:{health}"))?,
+            xds: Address::parse(&format!("127.0.0.1:{xds}"))?,
+            log_path: dir.join("skewgate-control.log"),
+            child: None,
+        })
+    }
+
+    /// Start it and wait until it answers `/healthz` (not until it is ready).
+    async fn start(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
+        let mut child = Command::new(control_bin()?)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting skewgate-control")?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!("skewgate-control exited with {status}:\n{}", self.log());
+            }
+            if self.get("/healthz").await.is_ok_and(|(s, _)| s == 200) {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("skewgate-control did not serve /healthz within 30s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL: a control plane that vanishes.
+    async fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await?;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM; returns its exit status and how long it took.
+    async fn terminate(&mut self) -> Result<(std::process::ExitStatus, Duration)> {
+        let mut child = self.child.take().context("not running")?;
+        let pid = child.id().context("no pid")?;
+        let started = Instant::now();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -TERM {pid} failed");
+        }
+        let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+            .await
+            .context("skewgate-control ignored SIGTERM for 20s")??;
+        Ok((status, started.elapsed()))
+    }
+
+    fn log(&self) -> String {
+        let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        // The end is what matters; the whole log can be long at debug level.
+        let tail: Vec<&str> = log.lines().rev().take(200).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    async fn get(&self, path: &str) -> Result<(u16, String)> {
+        let url = format!("http://{}:{}{path}", self.health.host, self.health.port);
+        let resp = client().get(url).send().await?;
+        Ok((resp.status().as_u16(), resp.text().await?))
+    }
+
+    async fn ready(&self) -> bool {
+        self.get("/readyz").await.is_ok_and(|(s, _)| s == 200)
+    }
+
+    /// One sample of `/metrics`, by its exact `name{labels}`.
+    async fn metric(&self, sample: &str) -> Result<f64> {
+        let (_, text) = self.get("/metrics").await?;
+        text.lines()
+            .find_map(|l| {
+                let (name, value) = l.rsplit_once(' ')?;
+                (name == sample).then(|| value.parse().ok())?
+            })
+            .with_context(|| format!("{sample} not in /metrics"))
+    }
+
+    async fn skew(&self) -> Result<serde_json::Value> {
+        let (_, text) = self.get("/debug/skew").await?;
+        Ok(serde_json::from_str(&text)?)
+    }
+}
+
+/// Who serves `resource` of `group/version`, according to the control plane's skew matrix
+/// (empty when every apiserver does, or nobody).
+async fn served_by(control: &Control, gv: (&str, &str), resource: &str) -> Result<Vec<String>> {
+    let skew = control.skew().await?;
+    let empty = Vec::new();
+    let gvs = skew["matrix"]["group_versions"]
+        .as_array()
+        .unwrap_or(&empty);
+    let Some(gv) = gvs
+        .iter()
+        .find(|x| x["group"] == gv.0 && x["version"] == gv.1)
+    else {
+        return Ok(Vec::new());
+    };
+    let Some(r) = gv["resources"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .find(|r| r["resource"] == resource)
+    else {
+        return Ok(Vec::new());
+    };
+    Ok(r["served_by"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Envoy on the printed bootstrap.
+
+struct LiveEnvoy {
+    listen: Address,
+    scheme: &'static str,
+    admin: Address,
+    log_path: PathBuf,
+    dir: tempfile::TempDir,
+    _child: Child,
+}
+
+impl LiveEnvoy {
+    /// `skewgate-control bootstrap` for this control plane, then Envoy on it; waits for the
+    /// admin interface only (the listener opens after the first sync).
+    async fn start(control: &Control) -> Result<Self> {
+        Self::start_with(control, None, None).await
+    }
+
+    /// With `pki`: TLS with the apiservers' serving certificate, client certificates of the
+    /// client CA optional. With `peer_port`: the L4 peer port, to `local`.
+    async fn start_with(
+        control: &Control,
+        pki: Option<&TestPki>,
+        peer_port: Option<(u16, &SimApiserver)>,
+    ) -> Result<Self> {
+        let port = free_port()?;
+        let mut listener_args: Vec<String> = match pki {
+            Some(pki) => vec![
+                format!("--tls-cert-file={}", pki.serving.cert_file.display()),
+                format!("--tls-private-key-file={}", pki.serving.key_file.display()),
+                format!("--client-ca-file={}", pki.client_ca.cert_file.display()),
+            ],
+            None => vec!["--insecure-plaintext-listener".to_string()],
+        };
+        if let Some((peer_port, local)) = peer_port {
+            listener_args.push(format!("--peer-listen=127.0.0.1:{peer_port}"));
+            listener_args.push(format!("--local-apiserver-url={}", local.url()));
+        }
+        let out = Command::new(control_bin()?)
+            .arg("bootstrap")
+            .args(&listener_args)
+            .arg(format!("--listen=127.0.0.1:{port}"))
+            .arg("--admin-port=0")
+            .arg(format!(
+                "--xds-address={}:{}",
+                control.xds.host, control.xds.port
+            ))
+            .arg("--node-id=envoy-apiserver-a")
+            .output()
+            .await?;
+        if !out.status.success() {
+            bail!(
+                "skewgate-control bootstrap: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let dir = tempfile::tempdir()?;
+        let config_path = dir.path().join("envoy.yaml");
+        let admin_path = dir.path().join("admin-address");
+        let log_path = dir.path().join("envoy.log");
+        std::fs::write(&config_path, &out.stdout)?;
+        let mut child = Command::new(envoy_bin()?)
+            .arg("-c")
+            .arg(&config_path)
+            .arg("--admin-address-path")
+            .arg(&admin_path)
+            .arg("--log-path")
+            .arg(&log_path)
+            .args(["--disable-hot-restart", "--concurrency", "2", "-l", "info"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting envoy")?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                bail!("envoy exited with {status}:\n{log}");
+            }
+            if Instant::now() > deadline {
+                bail!("envoy's admin interface was not up within 60s");
+            }
+            if let Ok(admin) = std::fs::read_to_string(&admin_path) {
+                if let Ok(admin) = Address::parse(admin.trim()) {
+                    let url = format!("http://{}:{}/server_info", admin.host, admin.port);
+                    if client().get(url).send().await.is_ok() {
+                        return Ok(LiveEnvoy {
+                            listen: Address::parse(&format!("127.0.0.1:{port}"))?,
+                            scheme: if pki.is_some() { "https" } else { "http" },
+                            admin,
+                            log_path,
+                            dir,
+                            _child: child,
+                        });
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!(
+            "{}://{}:{}{path}",
+            self.scheme, self.listen.host, self.listen.port
+        )
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    async fn admin(&self, path: &str) -> Result<String> {
+        let url = format!("http://{}:{}{path}", self.admin.host, self.admin.port);
+        Ok(client().get(url).send().await?.text().await?)
+    }
+
+    async fn stat(&self, name: &str) -> Result<u64> {
+        let stats = self.admin(&format!("/stats?filter=^{name}$")).await?;
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("stat {name} not found in {stats:?}"))
+    }
+
+    fn kubeconfig(&self) -> Result<PathBuf> {
+        let path = self.dir.path().join("kubeconfig");
+        std::fs::write(&path, kubeconfig_yaml(&self.url("")))?;
+        Ok(path)
+    }
+}
+
+fn sim_header(resp: &reqwest::Response) -> String {
+    resp.headers()
+        .get("x-sim-apiserver")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default()
+}
+
+/// (status, x-sim-apiserver) of a GET through Envoy.
+async fn get(envoy: &LiveEnvoy, path: &str) -> Result<(u16, String)> {
+    let resp = client().get(envoy.url(path)).send().await?;
+    Ok((resp.status().as_u16(), sim_header(&resp)))
+}
+
+/// The aggregated `/apis` through Envoy (merged discovery): (ETag, body).
+async fn apis(envoy: &LiveEnvoy) -> Result<(String, String)> {
+    let resp = client()
+        .get(envoy.url("/apis"))
+        .header("accept", AGGREGATED)
+        .send()
+        .await?;
+    let etag = resp
+        .headers()
+        .get("etag")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
+    Ok((etag, resp.text().await?))
+}
+
+/// The versions of `group` in an aggregated `/apis` body.
+fn versions_of(apis: &str, group: &str) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_str(apis).unwrap_or_default();
+    let empty = Vec::new();
+    v["items"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .filter(|g| g["metadata"]["name"] == group)
+        .flat_map(|g| g["versions"].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v["version"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Poll `check` until it gives `Some`; returns it and how long that took.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<(T, Duration)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let start = Instant::now();
+    loop {
+        let last = match check().await {
+            Ok(Some(v)) => return Ok((v, start.elapsed())),
+            Ok(None) => "not yet".to_string(),
+            Err(e) => format!("{e:#}"),
+        };
+        if start.elapsed() > timeout {
+            bail!("{what}: not within {timeout:?} (last: {last})");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Wait until `path` answers `status` from `server` through Envoy.
+async fn routed(
+    envoy: &LiveEnvoy,
+    control: &Control,
+    path: &str,
+    want: (u16, &str),
+    timeout: Duration,
+) -> Result<Duration> {
+    let what = format!("{path} answers {} from {}", want.0, want.1);
+    eventually(&what, timeout, || async {
+        let got = get(envoy, path).await?;
+        Ok((got.0 == want.0 && got.1 == want.1).then_some(()))
+    })
+    .await
+    .map(|(_, d)| d)
+    .with_context(|| format!("control plane log:\n{}", control.log()))
+}
+
+/// Requests in a loop until stopped: how many answered as expected, and the others.
+struct Probe {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Probe {
+    fn start(envoy: &LiveEnvoy, expect: Vec<(&'static str, u16, &'static str)>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let (s, o) = (stop.clone(), ok.clone());
+        let base = envoy.url("");
+        let task = tokio::spawn(async move {
+            let client = client();
+            let mut failures = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !s.load(Ordering::Relaxed) && Instant::now() < deadline {
+                for (path, status, server) in &expect {
+                    match client.get(format!("{base}{path}")).send().await {
+                        Ok(r) if r.status().as_u16() == *status && sim_header(&r) == *server => {
+                            o.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(r) => failures.push(format!(
+                            "{path}: {} from {:?}",
+                            r.status(),
+                            sim_header(&r)
+                        )),
+                        Err(e) => failures.push(format!("{path}: {e}")),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            failures
+        });
+        Probe { stop, ok, task }
+    }
+
+    async fn finish(self) -> Result<(u64, Vec<String>)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let failures = self.task.await?;
+        Ok((self.ok.load(Ordering::Relaxed), failures))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_join_leave_and_upgrade_and_routing_follows() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let mut a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let mut control = Control::new(&a, dir.path(), &[])?;
+
+    // Envoy first: until the control plane's first complete sync it serves nothing, its port
+    // refuses connections.
+    let envoy = LiveEnvoy::start(&control).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let refused =
+        tokio::net::TcpStream::connect((envoy.listen.host.as_str(), envoy.listen.port)).await;
+    assert_eq!(
+        refused.as_ref().err().map(|e| e.kind()),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "Envoy must not accept before the first sync"
+    );
+    assert_eq!(envoy.stat("listener_manager.workers_started").await?, 0);
+
+    let started = Instant::now();
+    control.start().await?;
+    let opened = routed(
+        &envoy,
+        &control,
+        DEPLOYMENTS,
+        (200, "apiserver-a"),
+        Duration::from_secs(30),
+    )
+    .await?;
+    assert!(control.ready().await, "/readyz after the first sync");
+    eprintln!(
+        "Envoy started first: port refused for 2 s; control plane started -> first request served: {:?} \
+         (polling for it took {opened:?})",
+        started.elapsed()
+    );
+    // Nothing else serves resource.k8s.io/v1beta2 yet: the local apiserver's 404.
+    assert_eq!(get(&envoy, CLAIMS).await?, (404, "apiserver-a".into()));
+
+    // A 1.33 peer joins: routed to, and discovery is the union.
+    let launched = Instant::now();
+    let mut b = SimApiserver::start_with(SimOptions {
+        delete_lease_on_exit: true,
+        ..shared("apiserver-b", "k8s-1.33", &etcd)
+    })
+    .await?;
+    // The simulator prints its address only once its lease exists.
+    let lease_created = Instant::now();
+    let took = routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (200, "apiserver-b"),
+        Duration::from_secs(20),
+    )
+    .await?;
+    eprintln!(
+        "peer joined: lease created -> first request routed to it: {took:?} \
+         (process start -> routed: {:?})",
+        (lease_created - launched) + took
+    );
+    let (_, body) = apis(&envoy).await?;
+    assert!(
+        versions_of(&body, "resource.k8s.io").contains(&"v1beta2".to_string()),
+        "merged discovery lists the peer's v1beta2"
+    );
+    let kubeconfig = envoy.kubeconfig()?;
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &["api-resources", "--api-group=resource.k8s.io"],
+    )
+    .await?;
+    assert!(ok, "{err}");
+    assert!(out.contains("resource.k8s.io/v1beta2"), "{out}");
+
+    // A 1.30 peer joins, then is upgraded to 1.33 (restarted with a new holder identity): it
+    // is re-discovered and serves v1beta2 next to b.
+    let mut c = SimApiserver::start_with(shared("apiserver-c", "k8s-1.30", &etcd)).await?;
+    let (b_lease, c_lease) = (b.lease_name(), c.lease_name());
+    eventually("c is fetched", Duration::from_secs(20), || async {
+        let skew = control.skew().await?;
+        let seen = skew["apiservers"].as_array().is_some_and(|l| {
+            l.iter()
+                .any(|x| x["id"] == c_lease.as_str() && x["discovery_attempts"].as_u64() > Some(0))
+        });
+        Ok(seen.then_some(()))
+    })
+    .await
+    .with_context(|| control.log())?;
+    assert_eq!(
+        served_by(&control, ("resource.k8s.io", "v1beta2"), "resourceclaims").await?,
+        vec![b_lease.clone()]
+    );
+    let upgrade = Instant::now();
+    c.restart(Some("k8s-1.33")).await?;
+    let restarted = upgrade.elapsed();
+    let (_, took) = eventually(
+        "c is re-discovered as 1.33",
+        Duration::from_secs(20),
+        || async {
+            let by = served_by(&control, ("resource.k8s.io", "v1beta2"), "resourceclaims").await?;
+            Ok((by == vec![b_lease.clone(), c_lease.clone()]).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| control.log())?;
+    eprintln!(
+        "peer upgraded 1.30 -> 1.33: restart took {restarted:?}, re-discovered {took:?} later"
+    );
+
+    // b's lease is deleted (a clean shutdown that removes it): b drops out at once and c,
+    // which now serves v1beta2 too, takes its requests.
+    let stop = Instant::now();
+    b.terminate().await?;
+    let took = routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (200, "apiserver-c"),
+        Duration::from_secs(GRACE.as_secs() + 10),
+    )
+    .await?;
+    eprintln!(
+        "peer's lease deleted: its requests go to the other 1.33 peer after {:?}",
+        stop.elapsed().max(took)
+    );
+    let metrics = control.get("/metrics").await?.1;
+    assert!(
+        !metrics.contains(&format!("apiserver=\"{b_lease}\"")),
+        "the departed peer's series are forgotten"
+    );
+
+    // c stops renewing its lease while it keeps serving: after the grace it is dead. Its
+    // resources go back to the local 404, and discovery shrinks back to the local view.
+    let stopped_renewing = Instant::now();
+    c.toggle_lease_renewal()?;
+    routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (404, "apiserver-a"),
+        GRACE + Duration::from_secs(10),
+    )
+    .await?;
+    let routed_back = stopped_renewing.elapsed();
+    let (_, _) = eventually("discovery shrinks", Duration::from_secs(10), || async {
+        let (_, body) = apis(&envoy).await?;
+        Ok((!versions_of(&body, "resource.k8s.io").contains(&"v1beta2".to_string())).then_some(()))
+    })
+    .await?;
+    let shrunk = stopped_renewing.elapsed();
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &["api-resources", "--api-group=resource.k8s.io"],
+    )
+    .await?;
+    assert!(ok, "{err}");
+    assert!(!out.contains("resource.k8s.io/v1beta2"), "{out}");
+    eprintln!(
+        "peer stopped renewing (grace {GRACE:?}): its resources back to the local 404 after {routed_back:?}, \
+         merged discovery back to the local view after {shrunk:?}; kubectl api-resources agrees"
+    );
+    // Within the grace plus the last renewal interval and the push.
+    assert!(
+        shrunk < GRACE + RENEW + Duration::from_secs(2),
+        "{shrunk:?}"
+    );
+
+    // c renews again: it is a live peer again, and v1beta2 goes back to it.
+    let resumed = Instant::now();
+    c.toggle_lease_renewal()?;
+    routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (200, "apiserver-c"),
+        Duration::from_secs(15),
+    )
+    .await?;
+    eprintln!(
+        "peer renews again: routed to again after {:?}",
+        resumed.elapsed()
+    );
+
+    // The local apiserver is upgraded to 1.33 (a restart with a new holder identity): it is
+    // re-discovered, and v1beta2 is served locally instead of by the peer.
+    let upgrade = Instant::now();
+    a.restart(Some("k8s-1.33")).await?;
+    let back = upgrade.elapsed();
+    let took = routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (200, "apiserver-a"),
+        Duration::from_secs(30),
+    )
+    .await?;
+    eprintln!(
+        "local apiserver upgraded 1.30 -> 1.33: back after {back:?}; v1beta2 routed locally instead of to the peer {took:?} later"
+    );
+    let a_lease = a.lease_name();
+    assert_eq!(
+        served_by(&control, ("resource.k8s.io", "v1beta2"), "resourceclaims").await?,
+        Vec::<String>::new(),
+        "served by both apiservers now"
+    );
+    let skew = control.skew().await?;
+    assert_eq!(skew["matrix"]["local"], a_lease.as_str());
+    let (_, body) = apis(&envoy).await?;
+    assert!(versions_of(&body, "resource.k8s.io").contains(&"v1beta2".to_string()));
+    assert_eq!(
+        control
+            .metric("skewgate_control_compose_errors_total")
+            .await?,
+        0.0
+    );
+    let nacks = control
+        .metric("skewgate_xds_nacks_total{type_url=\"type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig\"}")
+        .await?;
+    assert_eq!(nacks, 0.0, "{}", envoy.log());
+    let (status, took) = control.terminate().await?;
+    assert!(status.success(), "exit status {status}: {}", control.log());
+    eprintln!("SIGTERM: exited 0 in {took:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_keeps_serving_while_the_control_plane_restarts() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let mut b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
+    let mut control = Control::new(&a, dir.path(), &[])?;
+    control.start().await?;
+    let envoy = LiveEnvoy::start(&control).await?;
+    routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (200, "apiserver-b"),
+        Duration::from_secs(30),
+    )
+    .await?;
+    let (etag_before, _) = apis(&envoy).await?;
+    let version_before = control.skew().await?["snapshot_version"].clone();
+
+    // Traffic to the peer and to the local apiserver while the control plane is killed and
+    // started again.
+    let probe = Probe::start(
+        &envoy,
+        vec![
+            (CLAIMS, 200, "apiserver-b"),
+            (DEPLOYMENTS, 200, "apiserver-a"),
+        ],
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    control.kill().await?;
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let served_while_down = probe.ok.load(Ordering::Relaxed);
+    assert_eq!(get(&envoy, CLAIMS).await?, (200, "apiserver-b".into()));
+
+    control.start().await?;
+    let (_, ready_after) = eventually(
+        "the restarted control plane is ready",
+        Duration::from_secs(30),
+        || async { Ok(control.ready().await.then_some(())) },
+    )
+    .await
+    .with_context(|| control.log())?;
+    eventually("Envoy reconnects", Duration::from_secs(30), || async {
+        Ok((control.metric("skewgate_xds_streams").await? >= 1.0).then_some(()))
+    })
+    .await
+    .with_context(|| envoy.log())?;
+    let reconnected = killed.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (ok, failures) = probe.finish().await?;
+    let resent_cds = control
+        .metric("skewgate_xds_responses_total{type_url=\"type.googleapis.com/envoy.config.cluster.v3.Cluster\"}")
+        .await?;
+    let resent_ecds = control
+        .metric("skewgate_xds_responses_total{type_url=\"type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig\"}")
+        .await?;
+    let nacks = control
+        .metric("skewgate_xds_nacks_total{type_url=\"type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig\"}")
+        .await?
+        + control
+            .metric("skewgate_xds_nacks_total{type_url=\"type.googleapis.com/envoy.config.cluster.v3.Cluster\"}")
+            .await?;
+    eprintln!(
+        "control plane SIGKILLed and restarted: ready {ready_after:?} after the restart, Envoy reconnected \
+         {reconnected:?} after the kill; requests during it all: {ok} answered as expected \
+         ({served_while_down} while it was down), {} failed; resent after the reconnect: CDS {resent_cds}, ECDS {resent_ecds}; NACKs {nacks}",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "no traffic gap: {failures:?}");
+    assert!(served_while_down > 0 && ok > served_while_down);
+    assert_eq!(
+        (resent_cds, resent_ecds, nacks),
+        (0.0, 0.0, 0.0),
+        "the same inputs give the same versions: nothing to resend\n{}",
+        control.log()
+    );
+    assert_eq!(control.skew().await?["snapshot_version"], version_before);
+    assert_eq!(apis(&envoy).await?.0, etag_before);
+
+    // The restarted control plane carries the next change: the peer vanishes (SIGKILL, its
+    // lease stays until the grace ends). Meanwhile its resources are 503, never 404; after
+    // the grace they are the local apiserver's 404.
+    b.stop().await?;
+    let resp = client().get(envoy.url(CLAIMS)).send().await?;
+    let status = resp.status().as_u16();
+    let body = resp.text().await?;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("\"reason\":\"ServiceUnavailable\""), "{body}");
+    routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (404, "apiserver-a"),
+        GRACE + Duration::from_secs(10),
+    )
+    .await?;
+
+    // SIGTERM: a clean exit; Envoy keeps serving on what it holds.
+    let (status, took) = control.terminate().await?;
+    assert!(status.success(), "exit status {status}: {}", control.log());
+    assert_eq!(get(&envoy, DEPLOYMENTS).await?, (200, "apiserver-a".into()));
+    eprintln!("SIGTERM: exited 0 in {took:?}; Envoy still serves");
+    Ok(())
+}
+
+/// A peer address that answers discovery with `body` (and a Content-Length of `declared`).
+async fn hostile_discovery_server(
+    body: &'static [u8],
+    declared: usize,
+) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                    if head.len() > 65536 {
+                        return;
+                    }
+                }
+                let header = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: {AGGREGATED}\r\nContent-Length: {declared}\r\nConnection: close\r\n\r\n"
+                );
+                if socket.write_all(header.as_bytes()).await.is_err() {
+                    return;
+                }
+                // Up to the declared length, for as long as the client reads.
+                let mut sent = 0;
+                while sent < declared {
+                    let n = body.len().min(declared - sent);
+                    if socket.write_all(&body[..n]).await.is_err() {
+                        return;
+                    }
+                    sent += n;
+                }
+            });
+        }
+    });
+    Ok((address, task))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_and_excluded_peers_change_nothing() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
+    // Peers are accepted on 127.0.0.1 only.
+    let mut control = Control::new(&a, dir.path(), &["--peer-cidr=127.0.0.1/32"])?;
+    control.start().await?;
+    let envoy = LiveEnvoy::start(&control).await?;
+    routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (200, "apiserver-b"),
+        Duration::from_secs(30),
+    )
+    .await?;
+    let (etag, _) = apis(&envoy).await?;
+    let published = control
+        .metric("skewgate_control_snapshots_published_total")
+        .await?;
+    let version = control.skew().await?["snapshot_version"].clone();
+
+    // A 1.33 apiserver on 127.0.0.3: reachable, serving everything b serves, with a live
+    // lease; but its address is outside the allowed CIDRs.
+    let outside = SimApiserver::start_with(SimOptions {
+        listen: "127.0.0.3:0".into(),
+        ..shared("apiserver-outside", "k8s-1.33", &etcd)
+    })
+    .await?;
+    // Two peers whose advertised address answers discovery with garbage, and with a body far
+    // over the size limit.
+    let (garbage_addr, _garbage) = hostile_discovery_server(
+        b"{\"kind\":\"APIGroupDiscoveryList\",\"items\":[{\"oops\"",
+        30,
+    )
+    .await?;
+    let (huge_addr, _huge) = hostile_discovery_server(&[b' '; 65536], 64 << 20).await?;
+    let garbage = SimApiserver::start_with(SimOptions {
+        peer_advertise_address: PeerAdvertise::Value(garbage_addr.to_string()),
+        ..shared("apiserver-garbage", "k8s-1.33", &etcd)
+    })
+    .await?;
+    let huge = SimApiserver::start_with(SimOptions {
+        peer_advertise_address: PeerAdvertise::Value(huge_addr.to_string()),
+        ..shared("apiserver-huge", "k8s-1.33", &etcd)
+    })
+    .await?;
+    let (outside_lease, garbage_lease, huge_lease) = (
+        outside.lease_name(),
+        garbage.lease_name(),
+        huge.lease_name(),
+    );
+    eventually(
+        "the hostile peers were tried and refused",
+        Duration::from_secs(30),
+        || async {
+            let rejected = control
+                .metric("skewgate_peer_address_rejected_total{reason=\"outside_cidrs\"}")
+                .await?;
+            let garbage_errors = control
+                .metric("apiserver_peer_discovery_sync_errors_total{type=\"garbage\"}")
+                .await?;
+            let too_large = control
+                .metric("apiserver_peer_discovery_sync_errors_total{type=\"too_large\"}")
+                .await?;
+            Ok((rejected >= 1.0 && garbage_errors >= 1.0 && too_large >= 1.0).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| control.log())?;
+    // Give them a few more rounds of retries.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let skew = control.skew().await?;
+    let listed = |key: &str, id: &str| {
+        skew[key]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|x| x["id"] == id))
+    };
+    assert!(listed("excluded_leases", &outside_lease), "{skew:#}");
+    assert!(listed("unrouted_peers", &garbage_lease), "{skew:#}");
+    assert!(listed("unrouted_peers", &huge_lease), "{skew:#}");
+    assert_eq!(
+        skew["snapshot_version"], version,
+        "nothing changed for Envoy: {skew:#}"
+    );
+    assert_eq!(
+        control
+            .metric("skewgate_control_snapshots_published_total")
+            .await?,
+        published
+    );
+    assert_eq!(apis(&envoy).await?.0, etag, "merged discovery unchanged");
+    assert_eq!(
+        served_by(&control, ("resource.k8s.io", "v1beta2"), "resourceclaims").await?,
+        vec![b.lease_name()]
+    );
+    // Requests for v1beta2 keep going to b only.
+    for _ in 0..20 {
+        assert_eq!(get(&envoy, CLAIMS).await?, (200, "apiserver-b".into()));
+    }
+    let clusters = envoy.admin("/clusters").await?;
+    assert!(
+        !clusters.contains(&format!(":{}", outside.address.port)),
+        "no cluster points at the excluded peer"
+    );
+    eprintln!(
+        "a lease outside the CIDRs, a peer answering garbage and one answering 64 MiB: excluded/unrouted, \
+         snapshot unchanged ({version}), v1beta2 still served by b only"
+    );
+
+    // A service-backed APIService for resource.k8s.io/v1beta2 makes that group-version
+    // shared storage: always local (the kube-rs APIService watcher sees it).
+    let kubeconfig = a.kubeconfig_in(dir.path())?;
+    let manifest = dir.path().join("apiservice.json");
+    std::fs::write(
+        &manifest,
+        serde_json::json!({
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": "v1beta2.resource.k8s.io"},
+            "spec": {
+                "group": "resource.k8s.io",
+                "version": "v1beta2",
+                "groupPriorityMinimum": 1000,
+                "versionPriority": 100,
+                "service": {"namespace": "kube-system", "name": "dra-extension"}
+            }
+        })
+        .to_string(),
+    )?;
+    let manifest_arg = manifest.display().to_string();
+    let (ok, _, err) = kubectl(&kubeconfig, &["create", "-f", &manifest_arg]).await?;
+    assert!(ok, "{err}");
+    routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (404, "apiserver-a"),
+        Duration::from_secs(15),
+    )
+    .await?;
+    let skew = control.skew().await?;
+    assert!(
+        skew["shared_storage"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|x| x == "resource.k8s.io/v1beta2")),
+        "{skew:#}"
+    );
+    let (ok, _, err) = kubectl(&kubeconfig, &["delete", "-f", &manifest_arg]).await?;
+    assert!(ok, "{err}");
+    routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (200, "apiserver-b"),
+        Duration::from_secs(15),
+    )
+    .await?;
+    eprintln!("a service-backed APIService made resource.k8s.io/v1beta2 local, and deleting it undid that");
+
+    // The same for a CRD serving that group-version (the CRD watcher), and only for its served
+    // versions.
+    let crd = dir.path().join("crd.json");
+    let crd_json = |served: bool| {
+        serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.resource.k8s.io"},
+            "spec": {
+                "group": "resource.k8s.io",
+                "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+                "scope": "Namespaced",
+                "versions": [
+                    {"name": "v1beta2", "served": served, "storage": true,
+                     "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}
+                ]
+            }
+        })
+        .to_string()
+    };
+    std::fs::write(&crd, crd_json(false))?;
+    let crd_arg = crd.display().to_string();
+    let (ok, _, err) = kubectl(&kubeconfig, &["create", "-f", &crd_arg]).await?;
+    assert!(ok, "{err}");
+    // Not served: nothing changes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(get(&envoy, CLAIMS).await?, (200, "apiserver-b".into()));
+    std::fs::write(&crd, crd_json(true))?;
+    let (ok, _, err) = kubectl(&kubeconfig, &["replace", "-f", &crd_arg]).await?;
+    assert!(ok, "{err}");
+    routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (404, "apiserver-a"),
+        Duration::from_secs(15),
+    )
+    .await?;
+    let (ok, _, err) = kubectl(&kubeconfig, &["delete", "-f", &crd_arg]).await?;
+    assert!(ok, "{err}");
+    routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (200, "apiserver-b"),
+        Duration::from_secs(15),
+    )
+    .await?;
+    eprintln!(
+        "a CRD serving resource.k8s.io/v1beta2 made it local while served, and not before or after"
+    );
+    Ok(())
+}
+
+/// (status, x-sim-* echo headers) of a GET through a TLS Envoy with `client`.
+async fn get_echo(
+    client: &reqwest::Client,
+    envoy: &LiveEnvoy,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(u16, std::collections::BTreeMap<String, String>)> {
+    let mut req = client.get(envoy.url(path));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await?;
+    let echo = resp
+        .headers()
+        .iter()
+        .filter(|(n, _)| n.as_str().starts_with("x-sim-"))
+        .map(|(n, v)| {
+            (
+                n.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    Ok((resp.status().as_u16(), echo))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_everywhere_with_the_three_upstream_identities() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let pki = TestPki::generate()?;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a =
+        SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd).with_pki(&pki)).await?;
+    let b =
+        SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd).with_pki(&pki)).await?;
+    let mut control = Control::secure(&a, dir.path(), &pki)?;
+    control.start().await?;
+    let peer_port = free_port()?;
+    let envoy = LiveEnvoy::start_with(&control, Some(&pki), Some((peer_port, &a))).await?;
+
+    // The first sync over TLS: discovery from both apiservers verified with the peer CA.
+    eventually("ready", Duration::from_secs(30), || async {
+        Ok(control.ready().await.then_some(()))
+    })
+    .await
+    .with_context(|| control.log())?;
+    let alice = pki.client_cert("alice", &Subject::new().o("system:masters").cn("alice"))?;
+    let with_cert = pki.client(Some(&alice))?;
+    let plain = pki.client(None)?;
+    let h1 = pki.client_builder(None)?.http1_only().build()?;
+    let bob = TEST_TOKENS[0];
+
+    // Each kind of client reaches the 1.33 peer through its own cluster variant, over TLS that
+    // verified the peer, and the peer authenticates it as it should.
+    let (_, took) = eventually("routed to b over TLS", Duration::from_secs(20), || async {
+        let (status, echo) = get_echo(&with_cert, &envoy, CLAIMS, None).await?;
+        Ok((status == 200
+            && echo.get("x-sim-apiserver").map(String::as_str) == Some("apiserver-b"))
+        .then_some(echo))
+    })
+    .await
+    .with_context(|| format!("{}\n{}", control.log(), envoy.log()))?;
+    // (what, client, token, authenticator, user, upstream ALPN)
+    type Case<'a> = (
+        &'a str,
+        &'a reqwest::Client,
+        Option<&'a str>,
+        &'a str,
+        &'a str,
+        &'a str,
+    );
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "client certificate over h2",
+            &with_cert,
+            None,
+            "requestheader",
+            "alice",
+            "h2",
+        ),
+        (
+            "bearer token over h2",
+            &plain,
+            Some(bob.token),
+            "token",
+            bob.user,
+            "h2",
+        ),
+        (
+            "bearer token over HTTP/1.1",
+            &h1,
+            Some(bob.token),
+            "token",
+            bob.user,
+            "http/1.1",
+        ),
+        (
+            "anonymous over h2",
+            &plain,
+            None,
+            "anonymous",
+            "system:anonymous",
+            "http/1.1",
+        ),
+    ];
+    for (what, client, token, authenticator, user, alpn) in cases {
+        for (path, server) in [(CLAIMS, "apiserver-b"), (DEPLOYMENTS, "apiserver-a")] {
+            let (status, echo) = get_echo(client, &envoy, path, token).await?;
+            let got = |k: &str| echo.get(k).map(String::as_str).unwrap_or_default();
+            assert_eq!(status, 200, "{what} {path}: {echo:?}");
+            assert_eq!(got("x-sim-apiserver"), server, "{what} {path}");
+            assert_eq!(
+                got("x-sim-authenticator"),
+                authenticator,
+                "{what} {path}: {echo:?}"
+            );
+            assert_eq!(got("x-sim-user"), user, "{what} {path}");
+            assert_eq!(got("x-sim-alpn"), alpn, "{what} {path}: upstream protocol");
+        }
+        eprintln!("TLS: {what}: {authenticator}/{user}, upstream ALPN {alpn}, local and peer");
+    }
+    eprintln!("TLS: first request routed to the peer {took:?} after ready");
+
+    // kubectl with a client certificate, through Envoy, on the peer's resource.
+    let kubeconfig = dir.path().join("alice.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        kubeconfig_tls(
+            &envoy.url(""),
+            &pki.cluster_ca.cert_file,
+            None,
+            &Credential::cert(&alice),
+        ),
+    )?;
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &["get", "resourceclaims.v1beta2.resource.k8s.io", "-A"],
+    )
+    .await?;
+    assert!(ok, "{out}{err}");
+    let metrics = control.get("/metrics").await?.1;
+    assert!(metrics.contains("skewgate_control_ready 1"), "{metrics}");
+
+    // The peer port passes TLS straight through to apiserver-a: no filter (v1beta2 is a's own
+    // 404 there), the client's own handshake and ALPN, and the front-proxy identity a peer's
+    // Envoy presents is authenticated by apiserver-a itself.
+    let peer_url = format!("https://127.0.0.1:{peer_port}");
+    let as_peer = pki.client(Some(&pki.front_proxy_client))?;
+    let resp = as_peer
+        .get(format!("{peer_url}{CLAIMS}"))
+        .header("x-remote-user", "alice")
+        .header("x-remote-group", "system:masters")
+        .send()
+        .await?;
+    let echo = |r: &reqwest::Response, k: &str| {
+        r.headers()
+            .get(k)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        resp.status().as_u16(),
+        404,
+        "not routed: no filter on the peer port"
+    );
+    assert_eq!(echo(&resp, "x-sim-apiserver"), "apiserver-a");
+    assert_eq!(echo(&resp, "x-sim-authenticator"), "requestheader");
+    assert_eq!(echo(&resp, "x-sim-user"), "alice");
+    assert_eq!(echo(&resp, "x-sim-alpn"), "h2");
+    let resp = plain
+        .get(format!("{peer_url}{DEPLOYMENTS}"))
+        .bearer_auth(bob.token)
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(echo(&resp, "x-sim-authenticator"), "token");
+    eprintln!("TLS: the peer port passes TLS through to the apiserver (requestheader identity, h2 end to end)");
+
+    // A 1.33 apiserver whose serving certificate is not from the peer CA (its lease and
+    // address are fine): its discovery fails verification, so it is never routed to.
+    let evil_serving = pki.serving_cert(&pki.evil_ca, "evil-serving")?;
+    let evil = SimApiserver::start_with(SimOptions {
+        tls_cert_file: Some(evil_serving.cert_file.clone()),
+        tls_private_key_file: Some(evil_serving.key_file.clone()),
+        ..shared("apiserver-evil", "k8s-1.33", &etcd).with_pki(&pki)
+    })
+    .await?;
+    let evil_lease = evil.lease_name();
+    let (skew, _) = eventually("the impostor is tried", Duration::from_secs(20), || async {
+        let skew = control.skew().await?;
+        let tried = skew["apiservers"].as_array().is_some_and(|l| {
+            l.iter().any(|x| {
+                x["id"] == evil_lease.as_str() && x["consecutive_failures"].as_u64() >= Some(1)
+            })
+        });
+        Ok(tried.then_some(skew))
+    })
+    .await
+    .with_context(|| control.log())?;
+    assert!(
+        skew["unrouted_peers"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|x| x["id"] == evil_lease.as_str())),
+        "{skew:#}"
+    );
+    assert!(
+        control
+            .metric("apiserver_peer_discovery_sync_errors_total{type=\"connect\"}")
+            .await?
+            >= 1.0
+    );
+    assert_eq!(
+        served_by(&control, ("resource.k8s.io", "v1beta2"), "resourceclaims").await?,
+        vec![b.lease_name()]
+    );
+    for _ in 0..10 {
+        let (status, echo) = get_echo(&with_cert, &envoy, CLAIMS, None).await?;
+        assert_eq!(
+            (status, echo.get("x-sim-apiserver").map(String::as_str)),
+            (200, Some("apiserver-b"))
+        );
+    }
+    eprintln!("TLS: a peer with a serving certificate from another CA is never routed to");
+    Ok(())
+}
