@@ -12,6 +12,9 @@ use crate::routing::RoutingPlan;
 
 const BOOTSTRAP_TEMPLATE: &str = include_str!("../../envoy/static-bootstrap.yaml");
 const CLUSTER_TEMPLATE: &str = include_str!("../../envoy/static-cluster.yaml");
+const PEER_LISTENER_TEMPLATE: &str = include_str!("../../envoy/static-peer-listener.yaml");
+const PASSTHROUGH_CLUSTER_TEMPLATE: &str =
+    include_str!("../../envoy/static-passthrough-cluster.yaml");
 
 use skewgate_core::config::UpstreamAuth;
 pub use skewgate_core::config::LOCAL_CLUSTER;
@@ -94,6 +97,9 @@ pub struct StaticBootstrap<'a> {
     /// The apiservers' `--request-timeout`; Envoy bounds non-long-running requests by a
     /// little more, so the apiserver's own timeout answer wins whenever it can give one.
     pub request_timeout: std::time::Duration,
+    /// The peer port (the apiserver's peer-advertise address): TLS passed through at L4 to
+    /// the local apiserver. `None` when peers reach the apiserver directly.
+    pub peer_listen: Option<&'a Address>,
     /// TLS for clients; `None` serves plaintext (tests and demos on loopback only).
     pub serving: Option<&'a ServingTls>,
     /// TLS to the apiservers; `None` connects in plaintext (tests and demos on loopback only).
@@ -216,6 +222,20 @@ impl StaticBootstrap<'_> {
                 .collect::<Result<Vec<_>, _>>()?;
             clusters.push_str(&self.render_clusters(&cluster.name, &addresses)?);
         }
+        let peer_listener = match self.peer_listen {
+            Some(peer) => {
+                clusters.push_str(
+                    &PASSTHROUGH_CLUSTER_TEMPLATE
+                        .replace("{{discovery_type}}", self.local.discovery_type())
+                        .replace("{{address}}", &yaml_host(self.local))
+                        .replace("{{port}}", &self.local.port.to_string()),
+                );
+                PEER_LISTENER_TEMPLATE
+                    .replace("{{peer_address}}", &yaml_host(peer))
+                    .replace("{{peer_port}}", &peer.port.to_string())
+            }
+            None => String::new(),
+        };
         let downstream_tls = match self.serving {
             Some(tls) => format!(
                 "name: tls\n      transport_socket: {}",
@@ -231,6 +251,7 @@ impl StaticBootstrap<'_> {
             .replace("{{listen_address}}", &yaml_host(self.listen))
             .replace("{{listen_port}}", &self.listen.port.to_string())
             .replace("{{downstream_tls}}", &downstream_tls)
+            .replace("{{peer_listener}}", peer_listener.trim_end())
             .replace("{{wasm_path}}", &format!("\"{wasm}\""))
             .replace("{{filter_config}}", &filter_config)
             .replace(

@@ -62,6 +62,10 @@ struct RenderStatic {
     /// gives non-long-running requests 10 s more before answering 503/504 itself.
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     request_timeout: u64,
+    /// Also listen here for peers (the apiserver's peer-advertise address), passing their
+    /// TLS through at L4 to the local apiserver, e.g. `10.0.0.11:6444`.
+    #[arg(long)]
+    peer_listen: Option<String>,
     /// The apiserver's serving certificate, which Envoy presents to clients in its place.
     #[arg(long, requires = "tls_private_key_file")]
     tls_cert_file: Option<PathBuf>,
@@ -185,6 +189,11 @@ fn render_static(args: RenderStatic) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     let listen = Address::parse_listen(&args.listen)?;
+    let peer_listen = args
+        .peer_listen
+        .as_deref()
+        .map(Address::parse)
+        .transpose()?;
     let serving = match (&args.tls_cert_file, &args.tls_private_key_file) {
         (Some(cert), Some(key)) => Some(ServingTls {
             cert_file: cert.clone(),
@@ -212,6 +221,7 @@ fn render_static(args: RenderStatic) -> Result<()> {
         request_timeout: std::time::Duration::from_secs(args.request_timeout),
         serving: serving.as_ref(),
         upstream: upstream.as_ref(),
+        peer_listen: peer_listen.as_ref(),
     }
     .render(&plan)?;
     print!("{bootstrap}");

@@ -224,6 +224,8 @@ pub struct EnvoyOptions {
     pub serving: Option<skewgate_control::bootstrap::ServingTls>,
     /// `None`: plaintext to the apiservers.
     pub upstream: Option<skewgate_control::bootstrap::UpstreamTls>,
+    /// The peer port (L4 passthrough to the local apiserver), if any.
+    pub peer_listen: Option<Address>,
 }
 
 impl Default for EnvoyOptions {
@@ -232,6 +234,7 @@ impl Default for EnvoyOptions {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             serving: None,
             upstream: None,
+            peer_listen: None,
         }
     }
 }
@@ -283,6 +286,7 @@ impl Envoy {
             request_timeout: options.request_timeout,
             serving: options.serving.as_ref(),
             upstream: options.upstream.as_ref(),
+            peer_listen: options.peer_listen.as_ref(),
         }
         .render(&plan)?;
         Self::start_with_bootstrap(&yaml, plan).await

@@ -398,3 +398,61 @@ async fn anonymous_clients_get_no_merged_discovery_when_the_apiserver_refuses_th
     assert!(versions.contains(&"v1beta1"), "{versions:?}");
     Ok(())
 }
+
+#[tokio::test]
+async fn peers_reach_each_other_through_the_peer_port() -> Result<()> {
+    // Production topology: each apiserver behind its Envoy; peers reach an apiserver through
+    // its Envoy's peer port, where TLS passes through at L4 to the apiserver itself.
+    let pki = TestPki::generate()?;
+    let a = SimApiserver::start_with(SimOptions::secure("apiserver-a", "k8s-1.33", &pki)).await?;
+    let b = SimApiserver::start_with(SimOptions::secure("apiserver-b", "k8s-1.30", &pki)).await?;
+    let peer_port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+        Address::parse(&probe.local_addr()?.to_string())?
+    };
+    let envoy_b = Envoy::start_with(
+        &b,
+        vec![PeerSpec::of(&a)?],
+        EnvoyOptions {
+            peer_listen: Some(peer_port.clone()),
+            ..tls_options(&pki)
+        },
+    )
+    .await?;
+    let b_behind_its_envoy = PeerSpec {
+        address: peer_port,
+        ..PeerSpec::of(&b)?
+    };
+    let envoy_a = Envoy::start_with(&a, vec![b_behind_its_envoy], tls_options(&pki)).await?;
+
+    let alice = pki.client_cert("alice", &Subject::new().cn("alice").o("dev"))?;
+    let url = format!(
+        "https://{}:{}{CLAIMS}",
+        envoy_a.address.host, envoy_a.address.port
+    );
+    let resp = pki.client(Some(&alice))?.get(&url).send().await?;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(Cluster::header(&resp, "x-sim-apiserver"), "apiserver-b");
+    // The peer apiserver itself verified the proxy-client certificate: the identity arrived.
+    assert_eq!(
+        Cluster::header(&resp, "x-sim-authenticator"),
+        "requestheader"
+    );
+    assert_eq!(Cluster::header(&resp, "x-sim-user"), "alice");
+    assert_eq!(Cluster::header(&resp, "x-sim-peer-proxied"), "true");
+    let stats = reqwest::get(format!(
+        "http://{}:{}/stats?filter=^tcp.peer.downstream_cx_total",
+        envoy_b.admin.host, envoy_b.admin.port
+    ))
+    .await?
+    .text()
+    .await?;
+    let connections: u64 = stats
+        .trim()
+        .rsplit(": ")
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(connections > 0, "{stats}");
+    Ok(())
+}
