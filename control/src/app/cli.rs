@@ -553,7 +553,7 @@ mod tests {
             panic!("parses");
         };
         let yaml = render_bootstrap(&args).expect("renders");
-        assert!(yaml.contains("port_value: 6444") && yaml.contains("apiserver-passthrough"));
+        assert!(yaml.contains("port_value: 6444") && yaml.contains("skewgate-local-passthrough"));
         assert!(parse(&["bootstrap", "--peer-listen=10.0.0.11:6444"]).is_err());
         // Both ways to serve at once is a contradiction.
         assert!(parse(&[

@@ -184,7 +184,9 @@ mod tests {
         assert!(!yaml.contains("cluster: skewgate-local"), "{yaml}");
         assert!(!yaml.contains("transport_socket"));
         // No peer port unless asked for; no section marker is ever left.
-        assert!(!yaml.contains("apiserver-peer") && !yaml.contains("apiserver-passthrough"));
+        assert!(
+            !yaml.contains("stat_prefix: peer") && !yaml.contains("skewgate-local-passthrough")
+        );
         assert!(!yaml.contains("{{#") && !yaml.contains("{{/"));
         // The filter keeps its name: ECDS resources are looked up by it.
         assert!(yaml.contains(&format!("- name: {}\n", super::super::FILTER_NAME)));
@@ -286,10 +288,10 @@ mod tests {
         .render()
         .expect("renders");
         for want in [
-            "- name: apiserver-peer\n",
+            "- name: peer\n",
             "address: \"10.0.0.11\", port_value: 6444",
             "envoy.filters.network.tcp_proxy",
-            "cluster: apiserver-passthrough",
+            "cluster: skewgate-local-passthrough",
             "type: STATIC\n",
             "address: \"127.0.0.1\", port_value: 6443",
         ] {

@@ -2,16 +2,17 @@
 //! [`RoutingPlan`](crate::routing::RoutingPlan), and the ADS gRPC server that serves them.
 //!
 //! - [`resources`]: pure functions from a routing plan and apiserver addresses to Envoy
-//!   resources (one `Cluster` per peer set plus `skewgate-local`; the filter configuration as
-//!   an ECDS `TypedExtensionConfig`), gathered in a [`Snapshot`] whose resource versions are
-//!   content hashes.
+//!   resources (`skewgate-local` and one cluster per peer set, each in three `UpstreamAuth`
+//!   variants with their upstream TLS; the filter configuration as an ECDS
+//!   `TypedExtensionConfig`), gathered in a [`Snapshot`] whose resource versions are content
+//!   hashes.
 //! - [`delta`]: the per-stream bookkeeping of delta xDS as a pure state machine: what the client
 //!   holds, what is in flight, what it refused, and which response is due next.
 //! - [`server`]: the tonic shell: `AggregatedDiscoveryService` driven by a `watch` of
 //!   snapshots, and [`serve`].
 //! - [`metrics`]: the counters the server keeps (`skewgate_xds_nacks_total{type_url}`, ...).
 //! - [`bootstrap`]: renders `envoy/dynamic-bootstrap.yaml`, the Envoy bootstrap of the live
-//!   mode.
+//!   mode (`skewgate-control bootstrap`).
 //!
 //! Nothing here decides routing: the plan is computed elsewhere; this module only carries it to
 //! Envoy, in an order that never lets Envoy route to a cluster it does not have (clusters are
