@@ -220,6 +220,41 @@ async fn spoofed_remote_headers_never_change_the_identity() -> Result<()> {
 }
 
 #[tokio::test]
+async fn a_certificate_the_filter_cannot_map_is_refused_with_401_and_impersonation_passes(
+) -> Result<()> {
+    let c = cluster().await?;
+    // No CN: kube's x509 authenticator has no user name for it either.
+    let nameless = c.pki.client_cert("nameless", &Subject::new().o("dev"))?;
+    let resp = c
+        .pki
+        .client(Some(&nameless))?
+        .get(format!("{}/api/v1/namespaces/default/pods", c.url()))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 401);
+    assert_eq!(
+        Cluster::header(&resp, "x-sim-apiserver"),
+        "",
+        "it must not reach an apiserver"
+    );
+    let status: Value = resp.json().await?;
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["reason"], "Unauthorized");
+
+    // Impersonate-* is the apiserver's to authorize: it passes, with the caller's identity.
+    let resp = c
+        .pki
+        .client(Some(&c.alice))?
+        .get(format!("{}{CLAIMS}", c.url()))
+        .header("Impersonate-User", "dave")
+        .send()
+        .await?;
+    assert_eq!(Cluster::header(&resp, "x-sim-impersonate-user"), "dave");
+    assert_eq!(Cluster::header(&resp, "x-sim-user"), "alice");
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_peer_with_a_certificate_from_another_ca_gets_no_request() -> Result<()> {
     let pki_for_evil = TestPki::generate()?;
     // A serving certificate for the right names, from a CA Envoy does not trust.
