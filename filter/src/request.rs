@@ -132,21 +132,21 @@ impl Request {
 
         // Step 3: discovery. The local apiserver still authenticates and authorizes the
         // request (anonymous users may not read /apis by default): it gets a plain request
-        // for its own document, and only a 200 is replaced by the merged one.
+        // for its own document, and only an authorized answer (200, or 404 for a legacy path
+        // it does not serve) is replaced by the merged one.
         if let Some(discovery) = &self.compiled.discovery {
             let discovery_headers = DiscoveryHeaders {
                 accept: raw("accept"),
                 if_none_match: raw("if-none-match"),
                 accept_encoding: raw("accept-encoding"),
             };
-            match discovery.answer(&method, &path, discovery_headers).1 {
+            let (answer, reason) = discovery.answer(&method, &path, discovery_headers);
+            match reason {
                 PassReason::NoPeer => Metrics::inc(self.metrics.discovery_nopeer),
                 PassReason::Local => Metrics::inc(self.metrics.discovery_cache_misses),
                 PassReason::NotDiscovery => {}
             }
-            if let (DiscoveryAnswer::Respond(_), _) =
-                discovery.answer(&method, &path, discovery_headers)
-            {
+            if let DiscoveryAnswer::Respond(_) = answer {
                 self.discovery = Some(PendingDiscovery {
                     method: method.clone(),
                     path: path.clone(),
