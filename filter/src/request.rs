@@ -61,6 +61,8 @@ pub struct Request {
     /// the client read discovery at all.
     discovery: Option<PendingDiscovery>,
     replacement: Option<Replacement>,
+    /// The replacement body went out with the first chunk.
+    replacement_sent: bool,
 }
 
 impl Request {
@@ -71,6 +73,7 @@ impl Request {
             peer_target: None,
             discovery: None,
             replacement: None,
+            replacement_sent: false,
         }
     }
 
@@ -325,18 +328,23 @@ impl HttpContext for Request {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+    /// The replacement goes out in place of the first chunk, and every later chunk of the
+    /// original is dropped. Nothing is buffered: buffering a document larger than Envoy's
+    /// buffer limit (1 MiB by default; merged discovery may be 4 MiB) makes Envoy reset the
+    /// stream from inside the host call, which re-enters the VM and takes Envoy down.
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
         if self.replacement.is_none() {
             return Action::Continue;
         }
-        if !end_of_stream {
-            // Buffer the original until it is complete, then replace it whole.
-            return Action::Pause;
-        }
-        let body = self.replacement_body().unwrap_or_default();
+        let body = if self.replacement_sent {
+            &[][..]
+        } else {
+            self.replacement_body().unwrap_or_default()
+        };
         if let Err(e) = host::replace_response_body(body_size, body) {
             log::error!("skewgate: replacing the response body failed: {e:?}");
         }
+        self.replacement_sent = true;
         Action::Continue
     }
 }

@@ -9,6 +9,11 @@ use std::collections::HashMap;
 use crate::config::FilterConfig;
 use crate::request_info::{self, RequestInfo};
 
+/// Longest `:path` the filter parses. Envoy accepts up to 1 MiB of headers (as kube-apiserver
+/// does) and parsing costs about 6 ms per MiB of path (BENCHMARKS.md), all before any
+/// authentication; no real resource path comes near 64 KiB (names are at most 253 bytes).
+pub const MAX_ROUTED_PATH: usize = 64 * 1024;
+
 /// Where the request is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Upstream<'a> {
@@ -126,8 +131,13 @@ impl RoutingTable {
         &self.local_apiserver
     }
 
-    /// Parse the request like kube-apiserver and decide.
+    /// Parse the request like kube-apiserver and decide. Paths longer than
+    /// [`MAX_ROUTED_PATH`] are not parsed: they go to the local apiserver, which answers them
+    /// as it would without us.
     pub fn route(&self, method: &str, path_and_query: &str) -> (Option<RequestInfo>, Decision<'_>) {
+        if path_and_query.len() > MAX_ROUTED_PATH {
+            return (None, Decision::local(Reason::Unparseable));
+        }
         match request_info::parse(method, path_and_query) {
             Ok(info) => {
                 let decision = self.decide(&info);
@@ -429,7 +439,7 @@ mod tests {
                 peer("pboth"),
                 ServedByPeer,
             ),
-            // Unparseable requests go local, which answers with kube's own error.
+            // Unparseable and oversized requests go local, which answers with kube's own error.
             ("GET", "/api/v1/watch", local, Unparseable),
             (
                 "GET",
@@ -438,6 +448,13 @@ mod tests {
                 Unparseable,
             ),
         ];
+        let long = format!(
+            "/apis/resource.k8s.io/v1beta2/{}",
+            "a".repeat(MAX_ROUTED_PATH)
+        );
+        let cases = cases
+            .into_iter()
+            .chain([("GET", long.as_str(), Upstream::Local, Unparseable)]);
         for (method, path, upstream, reason) in cases {
             let (_, d) = t.route(method, path);
             assert_eq!(d, Decision { upstream, reason }, "{method} {path}");
