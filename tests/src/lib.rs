@@ -6,6 +6,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -188,12 +190,16 @@ impl SimApiserver {
 
 /// A running Envoy with the skewgate filter.
 pub struct Envoy {
+    /// Where the listener is (see [`Envoy::spawn`]).
     pub address: Address,
     pub admin: Address,
-    pub plan: RoutingPlan,
+    /// The plan a static Envoy was configured with (`None` in the live mode).
+    pub plan: Option<RoutingPlan>,
+    /// The listener serves TLS: [`Envoy::url`] is `https://`.
+    pub tls: bool,
     pub log_path: PathBuf,
     pub dir: tempfile::TempDir,
-    _child: Child,
+    child: Child,
 }
 
 /// A peer as Envoy is told about it: what it serves and where it listens.
@@ -289,11 +295,24 @@ impl Envoy {
             peer_listen: options.peer_listen.as_ref(),
         }
         .render(&plan)?;
-        Self::start_with_bootstrap(&yaml, plan).await
+        let mut envoy = Self::start_with_bootstrap(&yaml).await?;
+        envoy.plan = Some(plan);
+        envoy.tls = options.serving.is_some();
+        Ok(envoy)
     }
 
-    /// Start Envoy on a rendered bootstrap; fails if Envoy exits before its listener is up.
-    pub async fn start_with_bootstrap(yaml: &str, plan: RoutingPlan) -> Result<Self> {
+    /// Start Envoy on a rendered bootstrap and wait for its listener; fails if Envoy exits
+    /// before the listener is up.
+    pub async fn start_with_bootstrap(yaml: &str) -> Result<Self> {
+        let mut envoy = Self::spawn(yaml, Address::parse_listen("127.0.0.1:0")?).await?;
+        envoy.wait_ready().await?;
+        Ok(envoy)
+    }
+
+    /// Start Envoy on a rendered bootstrap that listens on `listen`, and wait for its admin
+    /// interface only: the listener may open much later (in the live mode, after the first
+    /// xDS sync). With port 0 in `listen`, [`Envoy::wait_ready`] finds the kernel's choice.
+    pub async fn spawn(yaml: &str, listen: Address) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let config_path = dir.path().join("envoy.yaml");
         let admin_path = dir.path().join("admin-address");
@@ -312,40 +331,44 @@ impl Envoy {
             .kill_on_drop(true)
             .spawn()
             .context("starting envoy")?;
-
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let client = reqwest::Client::new();
-        loop {
-            if let Some(status) = child.try_wait()? {
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                bail!("envoy exited with {status} before it was ready:\n{log}");
-            }
-            if Instant::now() > deadline {
-                bail!("envoy was not ready within 60s");
-            }
-            if let Some(ready) = Self::listener_address(&client, &admin_path).await {
-                let (admin, address) = ready;
-                return Ok(Envoy {
-                    address,
-                    admin,
-                    plan,
-                    log_path,
-                    dir,
-                    _child: child,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let admin_path = &admin_path;
+        let admin = wait_for_envoy(
+            &mut child,
+            &log_path,
+            "its admin interface was up",
+            || async move {
+                let admin = std::fs::read_to_string(admin_path).ok()?;
+                let admin = Address::parse(admin.trim()).ok()?;
+                let url = format!("http://{}:{}/server_info", admin.host, admin.port);
+                client().get(url).send().await.ok()?;
+                Some(admin)
+            },
+        )
+        .await?;
+        Ok(Envoy {
+            address: listen,
+            admin,
+            plan: None,
+            tls: false,
+            log_path,
+            dir,
+            child,
+        })
     }
 
-    async fn listener_address(
-        client: &reqwest::Client,
-        admin_path: &Path,
-    ) -> Option<(Address, Address)> {
-        let admin = std::fs::read_to_string(admin_path).ok()?;
-        let admin = Address::parse(admin.trim()).ok()?;
+    /// Wait until the listener is up; `address` becomes where it is bound.
+    pub async fn wait_ready(&mut self) -> Result<()> {
+        let admin = self.admin.clone();
+        self.address = wait_for_envoy(&mut self.child, &self.log_path, "it was ready", || {
+            Self::listener_address(&admin)
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn listener_address(admin: &Address) -> Option<Address> {
         let url = format!("http://{}:{}/listeners?format=json", admin.host, admin.port);
-        let body: serde_json::Value = client.get(url).send().await.ok()?.json().await.ok()?;
+        let body: serde_json::Value = client().get(url).send().await.ok()?.json().await.ok()?;
         let socket = body
             .get("listener_statuses")?
             .get(0)?
@@ -353,12 +376,29 @@ impl Envoy {
             .get("socket_address")?;
         let host = socket.get("address")?.as_str()?;
         let port = socket.get("port_value")?.as_u64()?;
-        let address = Address::parse(&format!("{host}:{port}")).ok()?;
-        Some((admin, address))
+        Address::parse(&format!("{host}:{port}")).ok()
     }
 
+    /// A GET on the admin interface: the body.
+    pub async fn admin(&self, path: &str) -> Result<String> {
+        let url = format!("http://{}:{}{path}", self.admin.host, self.admin.port);
+        Ok(client().get(url).send().await?.text().await?)
+    }
+
+    /// One counter or gauge from the admin `/stats`.
+    pub async fn stat(&self, name: &str) -> Result<u64> {
+        let stats = self.admin(&format!("/stats?filter=^{name}$")).await?;
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("stat {name} not found in {stats:?}"))
+    }
+
+    /// `http://ip:port`, or `https://ip:port` when the listener serves TLS.
     pub fn url(&self) -> String {
-        format!("http://{}:{}", self.address.host, self.address.port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}:{}", self.address.host, self.address.port)
     }
 
     /// Envoy's log so far (for assertion messages).
@@ -371,6 +411,151 @@ impl Envoy {
         let path = self.dir.path().join("kubeconfig");
         std::fs::write(&path, kubeconfig_yaml(&self.url()))?;
         Ok(path)
+    }
+}
+
+/// Poll `probe` until it gives `Some`, for up to 60 s; fails if Envoy exits first.
+async fn wait_for_envoy<T, F, Fut>(
+    child: &mut Child,
+    log_path: &Path,
+    what: &str,
+    mut probe: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let log = std::fs::read_to_string(log_path).unwrap_or_default();
+            bail!("envoy exited with {status} before {what}:\n{log}");
+        }
+        if Instant::now() > deadline {
+            bail!("envoy: 60 s passed before {what}");
+        }
+        if let Some(found) = probe().await {
+            return Ok(found);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A client with a 10 s timeout.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("a client")
+}
+
+/// A response header as text (empty when absent).
+pub fn header(resp: &reqwest::Response, name: &str) -> String {
+    resp.headers()
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default()
+}
+
+/// Read a watch's event lines until `pred` matches one (or `timeout` passes); returns it and
+/// the events before it.
+pub async fn watch_until(
+    resp: reqwest::Response,
+    timeout: Duration,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> Result<(serde_json::Value, Vec<serde_json::Value>)> {
+    use futures_util::StreamExt;
+    let mut stream = resp.bytes_stream();
+    let mut buf = Vec::new();
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            let v: serde_json::Value = serde_json::from_slice(&line)?;
+            if pred(&v) {
+                return Ok((v, seen));
+            }
+            seen.push(v);
+        }
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk?),
+            Ok(None) => bail!("watch ended; saw {seen:?}"),
+            Err(_) => bail!("no matching watch event; saw {seen:?}"),
+        }
+    }
+}
+
+/// Poll `done` until it holds or `timeout` passes.
+pub async fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut() -> bool,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        if Instant::now() > deadline {
+            bail!("{what}: not within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+/// A 1.30 apiserver `a` behind Envoy, with the 1.33 peer `b`.
+pub async fn mixed_cluster() -> Result<(SimApiserver, SimApiserver, Envoy)> {
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
+    let envoy = Envoy::start(&a, &[&b]).await?;
+    Ok((a, b, envoy))
+}
+
+/// Requests through Envoy in a loop until [`Probe::finish`] (at most 120 s): how many answered
+/// as expected (path, status, `x-sim-apiserver`), and the others.
+pub struct Probe {
+    stop: Arc<AtomicBool>,
+    pub ok: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Probe {
+    pub fn start(envoy: &Envoy, expect: Vec<(&'static str, u16, &'static str)>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let (s, o) = (stop.clone(), ok.clone());
+        let base = envoy.url();
+        let task = tokio::spawn(async move {
+            let client = client();
+            let mut failures = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !s.load(Ordering::Relaxed) && Instant::now() < deadline {
+                for (path, status, server) in &expect {
+                    match client.get(format!("{base}{path}")).send().await {
+                        Ok(r)
+                            if r.status().as_u16() == *status
+                                && header(&r, "x-sim-apiserver") == *server =>
+                        {
+                            o.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(r) => failures.push(format!(
+                            "{path}: {} from {:?}",
+                            r.status(),
+                            header(&r, "x-sim-apiserver")
+                        )),
+                        Err(e) => failures.push(format!("{path}: {e}")),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            failures
+        });
+        Probe { stop, ok, task }
+    }
+
+    pub async fn finish(self) -> Result<(u64, Vec<String>)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let failures = self.task.await?;
+        Ok((self.ok.load(Ordering::Relaxed), failures))
     }
 }
 
@@ -458,7 +643,7 @@ pub fn identity_lease_name(hostname: &str) -> String {
 }
 
 /// A free loopback port (the kernel's choice; closed again before use).
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }

@@ -12,15 +12,15 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use skewgate_control::bootstrap::Address;
 use skewgate_tests::{
-    envoy_bin, kubeconfig_tls, kubeconfig_yaml, kubectl, repo_root, wasm_path, Credential, Etcd,
-    PeerAdvertise, SimApiserver, SimOptions, Subject, TestPki, TEST_TOKENS,
+    free_port, header, kubeconfig_tls, kubectl, repo_root, wasm_path, Credential, Envoy, Etcd,
+    PeerAdvertise, Probe, SimApiserver, SimOptions, Subject, TestPki, TEST_TOKENS,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
@@ -45,12 +45,6 @@ fn client() -> reqwest::Client {
         .timeout(Duration::from_secs(10))
         .build()
         .expect("a client")
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// The `skewgate-control` binary, built once per test process (cargo builds only this
@@ -280,164 +274,71 @@ async fn served_by(control: &Control, gv: (&str, &str), resource: &str) -> Resul
 // ---------------------------------------------------------------------------------------------
 // Envoy on the printed bootstrap.
 
-struct LiveEnvoy {
-    listen: Address,
-    scheme: &'static str,
-    admin: Address,
-    log_path: PathBuf,
-    dir: tempfile::TempDir,
-    _child: Child,
+/// `skewgate-control bootstrap` for this control plane, then Envoy on it, its admin interface
+/// up (the listener opens after the first sync). With `pki`: TLS with the apiservers' serving
+/// certificate, client certificates of the client CA optional. With `peer_port`: the L4 peer
+/// port, to `local`.
+async fn live_envoy(
+    control: &Control,
+    pki: Option<&TestPki>,
+    peer_port: Option<(u16, &SimApiserver)>,
+) -> Result<Envoy> {
+    let port = free_port()?;
+    let mut listener_args: Vec<String> = match pki {
+        Some(pki) => vec![
+            format!("--tls-cert-file={}", pki.serving.cert_file.display()),
+            format!("--tls-private-key-file={}", pki.serving.key_file.display()),
+            format!("--client-ca-file={}", pki.client_ca.cert_file.display()),
+        ],
+        None => vec!["--insecure-plaintext-listener".to_string()],
+    };
+    if let Some((peer_port, local)) = peer_port {
+        listener_args.push(format!("--peer-listen=127.0.0.1:{peer_port}"));
+        listener_args.push(format!("--local-apiserver-url={}", local.url()));
+    }
+    let out = Command::new(control_bin()?)
+        .arg("bootstrap")
+        .args(&listener_args)
+        .arg(format!("--listen=127.0.0.1:{port}"))
+        .arg("--admin-port=0")
+        .arg(format!(
+            "--xds-address={}:{}",
+            control.xds.host, control.xds.port
+        ))
+        .arg("--node-id=envoy-apiserver-a")
+        .output()
+        .await?;
+    if !out.status.success() {
+        bail!(
+            "skewgate-control bootstrap: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let yaml = String::from_utf8(out.stdout)?;
+    let mut envoy = Envoy::spawn(&yaml, Address::parse(&format!("127.0.0.1:{port}"))?).await?;
+    envoy.tls = pki.is_some();
+    Ok(envoy)
 }
 
-impl LiveEnvoy {
-    /// `skewgate-control bootstrap` for this control plane, then Envoy on it; waits for the
-    /// admin interface only (the listener opens after the first sync).
-    async fn start(control: &Control) -> Result<Self> {
-        Self::start_with(control, None, None).await
-    }
-
-    /// With `pki`: TLS with the apiservers' serving certificate, client certificates of the
-    /// client CA optional. With `peer_port`: the L4 peer port, to `local`.
-    async fn start_with(
-        control: &Control,
-        pki: Option<&TestPki>,
-        peer_port: Option<(u16, &SimApiserver)>,
-    ) -> Result<Self> {
-        let port = free_port()?;
-        let mut listener_args: Vec<String> = match pki {
-            Some(pki) => vec![
-                format!("--tls-cert-file={}", pki.serving.cert_file.display()),
-                format!("--tls-private-key-file={}", pki.serving.key_file.display()),
-                format!("--client-ca-file={}", pki.client_ca.cert_file.display()),
-            ],
-            None => vec!["--insecure-plaintext-listener".to_string()],
-        };
-        if let Some((peer_port, local)) = peer_port {
-            listener_args.push(format!("--peer-listen=127.0.0.1:{peer_port}"));
-            listener_args.push(format!("--local-apiserver-url={}", local.url()));
-        }
-        let out = Command::new(control_bin()?)
-            .arg("bootstrap")
-            .args(&listener_args)
-            .arg(format!("--listen=127.0.0.1:{port}"))
-            .arg("--admin-port=0")
-            .arg(format!(
-                "--xds-address={}:{}",
-                control.xds.host, control.xds.port
-            ))
-            .arg("--node-id=envoy-apiserver-a")
-            .output()
-            .await?;
-        if !out.status.success() {
-            bail!(
-                "skewgate-control bootstrap: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let dir = tempfile::tempdir()?;
-        let config_path = dir.path().join("envoy.yaml");
-        let admin_path = dir.path().join("admin-address");
-        let log_path = dir.path().join("envoy.log");
-        std::fs::write(&config_path, &out.stdout)?;
-        let mut child = Command::new(envoy_bin()?)
-            .arg("-c")
-            .arg(&config_path)
-            .arg("--admin-address-path")
-            .arg(&admin_path)
-            .arg("--log-path")
-            .arg(&log_path)
-            .args(["--disable-hot-restart", "--concurrency", "2", "-l", "info"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting envoy")?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = child.try_wait()? {
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                bail!("envoy exited with {status}:\n{log}");
-            }
-            if Instant::now() > deadline {
-                bail!("envoy's admin interface was not up within 60s");
-            }
-            if let Ok(admin) = std::fs::read_to_string(&admin_path) {
-                if let Ok(admin) = Address::parse(admin.trim()) {
-                    let url = format!("http://{}:{}/server_info", admin.host, admin.port);
-                    if client().get(url).send().await.is_ok() {
-                        return Ok(LiveEnvoy {
-                            listen: Address::parse(&format!("127.0.0.1:{port}"))?,
-                            scheme: if pki.is_some() { "https" } else { "http" },
-                            admin,
-                            log_path,
-                            dir,
-                            _child: child,
-                        });
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!(
-            "{}://{}:{}{path}",
-            self.scheme, self.listen.host, self.listen.port
-        )
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
-    }
-
-    async fn admin(&self, path: &str) -> Result<String> {
-        let url = format!("http://{}:{}{path}", self.admin.host, self.admin.port);
-        Ok(client().get(url).send().await?.text().await?)
-    }
-
-    async fn stat(&self, name: &str) -> Result<u64> {
-        let stats = self.admin(&format!("/stats?filter=^{name}$")).await?;
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("stat {name} not found in {stats:?}"))
-    }
-
-    fn kubeconfig(&self) -> Result<PathBuf> {
-        let path = self.dir.path().join("kubeconfig");
-        std::fs::write(&path, kubeconfig_yaml(&self.url("")))?;
-        Ok(path)
-    }
-}
-
-fn sim_header(resp: &reqwest::Response) -> String {
-    resp.headers()
-        .get("x-sim-apiserver")
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        .unwrap_or_default()
+/// `path` through Envoy.
+fn url(envoy: &Envoy, path: &str) -> String {
+    format!("{}{path}", envoy.url())
 }
 
 /// (status, x-sim-apiserver) of a GET through Envoy.
-async fn get(envoy: &LiveEnvoy, path: &str) -> Result<(u16, String)> {
-    let resp = client().get(envoy.url(path)).send().await?;
-    Ok((resp.status().as_u16(), sim_header(&resp)))
+async fn get(envoy: &Envoy, path: &str) -> Result<(u16, String)> {
+    let resp = client().get(url(envoy, path)).send().await?;
+    Ok((resp.status().as_u16(), header(&resp, "x-sim-apiserver")))
 }
 
 /// The aggregated `/apis` through Envoy (merged discovery): (ETag, body).
-async fn apis(envoy: &LiveEnvoy) -> Result<(String, String)> {
+async fn apis(envoy: &Envoy) -> Result<(String, String)> {
     let resp = client()
-        .get(envoy.url("/apis"))
+        .get(url(envoy, "/apis"))
         .header("accept", AGGREGATED)
         .send()
         .await?;
-    let etag = resp
-        .headers()
-        .get("etag")
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        .unwrap_or_default();
-    Ok((etag, resp.text().await?))
+    Ok((header(&resp, "etag"), resp.text().await?))
 }
 
 /// The versions of `group` in an aggregated `/apis` body.
@@ -476,7 +377,7 @@ where
 
 /// Wait until `path` answers `status` from `server` through Envoy.
 async fn routed(
-    envoy: &LiveEnvoy,
+    envoy: &Envoy,
     control: &Control,
     path: &str,
     want: (u16, &str),
@@ -492,49 +393,20 @@ async fn routed(
     .with_context(|| format!("control plane log:\n{}", control.log()))
 }
 
-/// Requests in a loop until stopped: how many answered as expected, and the others.
-struct Probe {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<Vec<String>>,
-}
-
-impl Probe {
-    fn start(envoy: &LiveEnvoy, expect: Vec<(&'static str, u16, &'static str)>) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicU64::new(0));
-        let (s, o) = (stop.clone(), ok.clone());
-        let base = envoy.url("");
-        let task = tokio::spawn(async move {
-            let client = client();
-            let mut failures = Vec::new();
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while !s.load(Ordering::Relaxed) && Instant::now() < deadline {
-                for (path, status, server) in &expect {
-                    match client.get(format!("{base}{path}")).send().await {
-                        Ok(r) if r.status().as_u16() == *status && sim_header(&r) == *server => {
-                            o.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(r) => failures.push(format!(
-                            "{path}: {} from {:?}",
-                            r.status(),
-                            sim_header(&r)
-                        )),
-                        Err(e) => failures.push(format!("{path}: {e}")),
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            failures
-        });
-        Probe { stop, ok, task }
-    }
-
-    async fn finish(self) -> Result<(u64, Vec<String>)> {
-        self.stop.store(true, Ordering::Relaxed);
-        let failures = self.task.await?;
-        Ok((self.ok.load(Ordering::Relaxed), failures))
-    }
+/// Start `control`, then Envoy on it; returns once the first sync routes v1beta2 to
+/// `apiserver-b`.
+async fn start_routed_to_b(control: &mut Control) -> Result<Envoy> {
+    control.start().await?;
+    let envoy = live_envoy(control, None, None).await?;
+    routed(
+        &envoy,
+        control,
+        CLAIMS,
+        (200, "apiserver-b"),
+        Duration::from_secs(30),
+    )
+    .await?;
+    Ok(envoy)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -550,10 +422,10 @@ async fn peers_join_leave_and_upgrade_and_routing_follows() -> Result<()> {
 
     // Envoy first: until the control plane's first complete sync it serves nothing, its port
     // refuses connections.
-    let envoy = LiveEnvoy::start(&control).await?;
+    let envoy = live_envoy(&control, None, None).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let refused =
-        tokio::net::TcpStream::connect((envoy.listen.host.as_str(), envoy.listen.port)).await;
+        tokio::net::TcpStream::connect((envoy.address.host.as_str(), envoy.address.port)).await;
     assert_eq!(
         refused.as_ref().err().map(|e| e.kind()),
         Some(std::io::ErrorKind::ConnectionRefused),
@@ -778,16 +650,7 @@ async fn envoy_keeps_serving_while_the_control_plane_restarts() -> Result<()> {
     let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
     let mut b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
     let mut control = Control::new(&a, dir.path(), &[])?;
-    control.start().await?;
-    let envoy = LiveEnvoy::start(&control).await?;
-    routed(
-        &envoy,
-        &control,
-        CLAIMS,
-        (200, "apiserver-b"),
-        Duration::from_secs(30),
-    )
-    .await?;
+    let envoy = start_routed_to_b(&mut control).await?;
     let (etag_before, _) = apis(&envoy).await?;
     let version_before = control.skew().await?["snapshot_version"].clone();
 
@@ -856,7 +719,7 @@ async fn envoy_keeps_serving_while_the_control_plane_restarts() -> Result<()> {
     // lease stays until the grace ends). Meanwhile its resources are 503, never 404; after
     // the grace they are the local apiserver's 404.
     b.stop().await?;
-    let resp = client().get(envoy.url(CLAIMS)).send().await?;
+    let resp = client().get(url(&envoy, CLAIMS)).send().await?;
     let status = resp.status().as_u16();
     let body = resp.text().await?;
     assert_eq!(status, 503, "{body}");
@@ -929,16 +792,7 @@ async fn hostile_and_excluded_peers_change_nothing() -> Result<()> {
     let b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
     // Peers are accepted on 127.0.0.1 only.
     let mut control = Control::new(&a, dir.path(), &["--peer-cidr=127.0.0.1/32"])?;
-    control.start().await?;
-    let envoy = LiveEnvoy::start(&control).await?;
-    routed(
-        &envoy,
-        &control,
-        CLAIMS,
-        (200, "apiserver-b"),
-        Duration::from_secs(30),
-    )
-    .await?;
+    let envoy = start_routed_to_b(&mut control).await?;
     let (etag, _) = apis(&envoy).await?;
     let published = control
         .metric("skewgate_control_snapshots_published_total")
@@ -1140,11 +994,11 @@ async fn hostile_and_excluded_peers_change_nothing() -> Result<()> {
 /// (status, x-sim-* echo headers) of a GET through a TLS Envoy with `client`.
 async fn get_echo(
     client: &reqwest::Client,
-    envoy: &LiveEnvoy,
+    envoy: &Envoy,
     path: &str,
     token: Option<&str>,
 ) -> Result<(u16, std::collections::BTreeMap<String, String>)> {
-    let mut req = client.get(envoy.url(path));
+    let mut req = client.get(url(envoy, path));
     if let Some(t) = token {
         req = req.bearer_auth(t);
     }
@@ -1176,7 +1030,7 @@ async fn tls_everywhere_with_the_three_upstream_identities() -> Result<()> {
     let mut control = Control::secure(&a, dir.path(), &pki)?;
     control.start().await?;
     let peer_port = free_port()?;
-    let envoy = LiveEnvoy::start_with(&control, Some(&pki), Some((peer_port, &a))).await?;
+    let envoy = live_envoy(&control, Some(&pki), Some((peer_port, &a))).await?;
 
     // The first sync over TLS: discovery from both apiservers verified with the peer CA.
     eventually("ready", Duration::from_secs(30), || async {
@@ -1266,7 +1120,7 @@ async fn tls_everywhere_with_the_three_upstream_identities() -> Result<()> {
     std::fs::write(
         &kubeconfig,
         kubeconfig_tls(
-            &envoy.url(""),
+            &envoy.url(),
             &pki.cluster_ca.cert_file,
             None,
             &Credential::cert(&alice),
@@ -1292,28 +1146,22 @@ async fn tls_everywhere_with_the_three_upstream_identities() -> Result<()> {
         .header("x-remote-group", "system:masters")
         .send()
         .await?;
-    let echo = |r: &reqwest::Response, k: &str| {
-        r.headers()
-            .get(k)
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .unwrap_or_default()
-    };
     assert_eq!(
         resp.status().as_u16(),
         404,
         "not routed: no filter on the peer port"
     );
-    assert_eq!(echo(&resp, "x-sim-apiserver"), "apiserver-a");
-    assert_eq!(echo(&resp, "x-sim-authenticator"), "requestheader");
-    assert_eq!(echo(&resp, "x-sim-user"), "alice");
-    assert_eq!(echo(&resp, "x-sim-alpn"), "h2");
+    assert_eq!(header(&resp, "x-sim-apiserver"), "apiserver-a");
+    assert_eq!(header(&resp, "x-sim-authenticator"), "requestheader");
+    assert_eq!(header(&resp, "x-sim-user"), "alice");
+    assert_eq!(header(&resp, "x-sim-alpn"), "h2");
     let resp = plain
         .get(format!("{peer_url}{DEPLOYMENTS}"))
         .bearer_auth(bob.token)
         .send()
         .await?;
     assert_eq!(resp.status().as_u16(), 200);
-    assert_eq!(echo(&resp, "x-sim-authenticator"), "token");
+    assert_eq!(header(&resp, "x-sim-authenticator"), "token");
     eprintln!("TLS: the peer port passes TLS through to the apiserver (requestheader identity, h2 end to end)");
 
     // A 1.33 apiserver whose serving certificate is not from the peer CA (its lease and

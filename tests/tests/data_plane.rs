@@ -6,7 +6,10 @@ use std::time::Duration;
 use anyhow::Result;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use skewgate_tests::{black_hole, kubectl, Envoy, EnvoyOptions, PeerSpec, SimApiserver};
+use skewgate_tests::{
+    black_hole, header, kubectl, mixed_cluster, watch_until, Envoy, EnvoyOptions, PeerSpec,
+    SimApiserver,
+};
 
 const CLAIMS_V1BETA2: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims";
 
@@ -30,10 +33,14 @@ fn served_by(resp: &reqwest::Response) -> String {
     header(resp, "x-sim-apiserver")
 }
 
-fn header(resp: &reqwest::Response, name: &str) -> String {
-    resp.headers()
-        .get(name)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+/// The first peer cluster of the plan Envoy was started with.
+fn peer_cluster(envoy: &Envoy) -> String {
+    envoy
+        .plan
+        .iter()
+        .flat_map(|p| &p.clusters)
+        .next()
+        .map(|c| c.name.clone())
         .unwrap_or_default()
 }
 
@@ -44,14 +51,6 @@ fn claim(name: &str) -> Value {
         "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}
     })
-}
-
-/// A 1.30 apiserver `a` behind Envoy, with the 1.33 peer `b`.
-async fn mixed_cluster() -> Result<(SimApiserver, SimApiserver, Envoy)> {
-    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
-    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
-    let envoy = Envoy::start(&a, &[&b]).await?;
-    Ok((a, b, envoy))
 }
 
 #[tokio::test]
@@ -101,7 +100,6 @@ async fn peer_only_resource_reaches_the_peer_with_the_loop_guard() -> Result<()>
         .await?;
     assert_eq!(watch.status(), 200);
     assert_eq!(served_by(&watch), "apiserver-b");
-    let mut events = watch.bytes_stream();
 
     // A namespaced create.
     let resp = client().post(&url).json(&claim("gpu-claim")).send().await?;
@@ -115,21 +113,10 @@ async fn peer_only_resource_reaches_the_peer_with_the_loop_guard() -> Result<()>
         "apiserver-b"
     );
 
-    let mut buffered = Vec::new();
-    let event = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(chunk) = events.next().await {
-            buffered.extend_from_slice(&chunk?);
-            while let Some(end) = buffered.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = buffered.drain(..=end).collect();
-                let event: Value = serde_json::from_slice(&line)?;
-                if event["object"]["metadata"]["name"] == "gpu-claim" {
-                    return Ok::<_, anyhow::Error>(event);
-                }
-            }
-        }
-        anyhow::bail!("watch ended without the event")
+    let (event, _) = watch_until(watch, Duration::from_secs(20), |e| {
+        e["object"]["metadata"]["name"] == "gpu-claim"
     })
-    .await??;
+    .await?;
     assert_eq!(event["type"], "ADDED");
 
     // A get through Envoy sees the peer's object.
@@ -295,12 +282,7 @@ async fn unreachable_peer_fails_over_to_another_peer_serving_the_same() -> Resul
 #[tokio::test]
 async fn spoofed_identity_loop_guard_and_routing_headers_change_nothing() -> Result<()> {
     let (_a, _b, envoy) = mixed_cluster().await?;
-    let peer_cluster = envoy
-        .plan
-        .clusters
-        .first()
-        .map(|c| c.name.clone())
-        .unwrap_or_default();
+    let peer_cluster = peer_cluster(&envoy);
     assert!(!peer_cluster.is_empty());
     let spoof = [
         ("X-Remote-User", "system:admin"),
@@ -383,12 +365,7 @@ async fn hostile_requests_get_clear_answers_and_do_not_hurt_the_filter() -> Resu
 async fn a_configuration_that_does_not_validate_is_refused_whole() -> Result<()> {
     let (a, b, envoy) = mixed_cluster().await?;
     let good = std::fs::read_to_string(envoy.dir.path().join("envoy.yaml"))?;
-    let cluster = envoy
-        .plan
-        .clusters
-        .first()
-        .map(|c| c.name.clone())
-        .unwrap_or_default();
+    let cluster = peer_cluster(&envoy);
     // One bad reference among many good entries: nothing may be half-applied.
     let bad = good.replacen(
         &format!("\\\"peer_cluster\\\":\\\"{cluster}\\\""),
@@ -396,7 +373,7 @@ async fn a_configuration_that_does_not_validate_is_refused_whole() -> Result<()>
         1,
     );
     assert_ne!(bad, good, "the test must corrupt the configuration");
-    let err = match Envoy::start_with_bootstrap(&bad, envoy.plan.clone()).await {
+    let err = match Envoy::start_with_bootstrap(&bad).await {
         Ok(_) => anyhow::bail!("Envoy started with an invalid filter configuration"),
         Err(e) => e.to_string(),
     };

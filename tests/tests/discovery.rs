@@ -8,7 +8,9 @@ use std::path::Path;
 
 use anyhow::Result;
 use serde_json::Value;
-use skewgate_tests::{fixture, kubectl, kubectl_1_20_bin, kubectl_with, Envoy, SimApiserver};
+use skewgate_tests::{
+    fixture, kubectl, kubectl_1_20_bin, kubectl_with, mixed_cluster, Envoy, SimApiserver,
+};
 
 const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 const V2BETA1: &str = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
@@ -64,13 +66,6 @@ fn lines(out: &str) -> BTreeSet<String> {
         .filter(|l| !l.is_empty())
         .map(String::from)
         .collect()
-}
-
-async fn mixed_cluster() -> Result<(SimApiserver, SimApiserver, Envoy)> {
-    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
-    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
-    let envoy = Envoy::start(&a, &[&b]).await?;
-    Ok((a, b, envoy))
 }
 
 #[tokio::test]
@@ -241,5 +236,61 @@ async fn kubectl_1_20_sees_the_union_through_legacy_discovery() -> Result<()> {
     )
     .await?;
     assert!(ok, "{out}{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_merged_document_over_envoys_buffer_limit_is_served_whole() -> Result<()> {
+    // 4500 CRD groups (served by the local apiserver, so the legacy documents stay its own):
+    // the merged /apis is well over Envoy's 1 MiB buffer limit.
+    let dir = tempfile::tempdir()?;
+    let base = fixture("k8s-1.30");
+    for f in ["api.json", "api__v1.json"] {
+        std::fs::copy(base.join(f), dir.path().join(f))?;
+    }
+    let mut apis = read_json(&base.join("aggregated_v2.json"));
+    let items = apis["items"].as_array_mut().expect("items");
+    for i in 0..4500 {
+        items.push(serde_json::json!({
+            "metadata": {"name": format!("group{i}.example.com")},
+            "versions": [{"version": "v1", "freshness": "Current", "resources": [{
+                "resource": format!("widgets{i}"), "scope": "Namespaced",
+                "singularResource": format!("widget{i}"),
+                "responseKind": {"group": "", "version": "", "kind": format!("Widget{i}")},
+                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}]}]
+        }));
+    }
+    std::fs::write(
+        dir.path().join("aggregated_v2.json"),
+        serde_json::to_vec(&apis)?,
+    )?;
+
+    let a = SimApiserver::start("apiserver-a", &dir.path().to_string_lossy()).await?;
+    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
+    let envoy = Envoy::start(&a, &[&b]).await?;
+    let client = reqwest::Client::builder().no_gzip().build()?;
+    for round in 0..2 {
+        let resp = client
+            .get(format!("{}/apis", envoy.url()))
+            .header("accept", V2)
+            .send()
+            .await?;
+        assert_eq!(resp.status(), 200, "round {round}");
+        let body = resp.bytes().await?;
+        assert!(body.len() > 1 << 20, "round {round}: {} bytes", body.len());
+        let merged: Value = serde_json::from_slice(&body)?;
+        let groups = merged["items"].as_array().map(Vec::len).unwrap_or(0);
+        assert!(groups > 4500, "round {round}: {groups} groups");
+    }
+    // Compressed for clients that accept it.
+    let resp = client
+        .get(format!("{}/apis", envoy.url()))
+        .header("accept", V2)
+        .header("accept-encoding", "gzip")
+        .send()
+        .await?;
+    assert_eq!(resp.headers()["content-encoding"], "gzip");
+    assert!(resp.bytes().await?.len() < 1 << 20);
+    assert!(!envoy.log().contains("panicked"), "{}", envoy.log());
     Ok(())
 }

@@ -15,7 +15,7 @@ use skewgate_control::fetch::{
     DocumentFormat, ErrorType, FetchConfig, FetchError, RefreshConfig, SyncOutcome,
     DISCOVERY_ACCEPT,
 };
-use skewgate_tests::{black_hole, fixture, SimApiserver};
+use skewgate_tests::{black_hole, fixture, free_port, wait_until, SimApiserver};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -30,18 +30,6 @@ fn fetcher(id: &str, url: &str, config: FetchConfig) -> DiscoveryFetcher {
 
 fn fixture_docs(name: &str) -> DiscoveryDocuments {
     DiscoveryDocuments::from_dir(fixture(name)).expect("fixture")
-}
-
-/// Poll `cond` until it holds or `within` passes.
-async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) -> Result<()> {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        if Instant::now() > deadline {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
 }
 
 fn fast_refresh(interval: Duration) -> RefreshConfig {
@@ -407,7 +395,7 @@ async fn a_stopped_apiserver_keeps_the_last_view_and_counts_connect_errors() -> 
 
     // Periodic refreshes are conditional: 304s, nothing re-published.
     let m = metrics.clone();
-    eventually("two 304 refreshes", Duration::from_secs(10), || {
+    wait_until("two 304 refreshes", Duration::from_secs(10), || {
         m.outcomes_total(SyncOutcome::NotModified) >= 2
     })
     .await?;
@@ -426,7 +414,7 @@ async fn a_stopped_apiserver_keeps_the_last_view_and_counts_connect_errors() -> 
         other => bail!("expected a connect error, got {other:?}"),
     }
     let m = metrics.clone();
-    eventually("connect errors counted", Duration::from_secs(10), || {
+    wait_until("connect errors counted", Duration::from_secs(10), || {
         m.errors_total(ErrorType::Connect) >= 2
     })
     .await?;
@@ -608,7 +596,7 @@ async fn garbage_and_oversized_answers_are_typed_and_change_nothing() -> Result<
         *mode.lock().unwrap() = *m;
         let met = metrics.clone();
         let want = *want;
-        eventually(&format!("{m:?} counted"), Duration::from_secs(10), || {
+        wait_until(&format!("{m:?} counted"), Duration::from_secs(10), || {
             met.errors_total(want) > before
         })
         .await?;
@@ -632,7 +620,7 @@ async fn garbage_and_oversized_answers_are_typed_and_change_nothing() -> Result<
     // Good again: recovers, same documents, nothing re-published.
     *mode.lock().unwrap() = Mode::Good;
     let met = metrics.clone();
-    eventually("recovery", Duration::from_secs(10), || {
+    wait_until("recovery", Duration::from_secs(10), || {
         met.status("apiserver-g")
             .is_some_and(|s| s.consecutive_failures == 0)
     })
@@ -674,10 +662,7 @@ async fn hung_and_refused_connections_are_timeouts_and_connect_errors() -> Resul
     assert!(matches!(e, FetchError::Timeout { .. }), "{e}");
 
     // Nothing listening.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        l.local_addr()?.port()
-    };
+    let port = free_port()?;
     let e = fetcher("apiserver-h", &format!("http://127.0.0.1:{port}"), quick)
         .fetch(None)
         .await
@@ -1024,9 +1009,7 @@ async fn https_apiservers_are_verified_with_the_peer_ca_and_sni() -> Result<()> 
         response.extend_from_slice(body);
         std::fs::write(dir.path().join(file), response)?;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = free_port()?;
     let _server = tokio::process::Command::new("openssl")
         .args([
             "s_server",

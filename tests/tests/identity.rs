@@ -9,12 +9,12 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 use skewgate_control::bootstrap::{Address, ServingTls, UpstreamTls};
 use skewgate_tests::{
-    kubeconfig_tls, kubectl, upgrade_request, CertFiles, Credential, Envoy, EnvoyOptions, PeerSpec,
-    SimApiserver, SimOptions, Subject, TestPki, UpgradeKind, TEST_TOKENS,
+    free_port, header, kubeconfig_tls, kubectl, upgrade_request, watch_until, CertFiles,
+    Credential, Envoy, EnvoyOptions, PeerSpec, SimApiserver, SimOptions, Subject, TestPki,
+    UpgradeKind, TEST_TOKENS,
 };
 
 const CLAIMS: &str = "/apis/resource.k8s.io/v1alpha2/namespaces/default/resourceclaims";
@@ -71,32 +71,18 @@ async fn cluster() -> Result<Cluster> {
 }
 
 impl Cluster {
-    fn url(&self) -> String {
-        format!(
-            "https://{}:{}",
-            self.envoy.address.host, self.envoy.address.port
-        )
-    }
-
     fn kubeconfig(&self, name: &str, credential: &Credential) -> Result<std::path::PathBuf> {
         let path = self.envoy.dir.path().join(format!("{name}.kubeconfig"));
         std::fs::write(
             &path,
             kubeconfig_tls(
-                &self.url(),
+                &self.envoy.url(),
                 &self.pki.cluster_ca.cert_file,
                 None,
                 credential,
             ),
         )?;
         Ok(path)
-    }
-
-    fn header(resp: &reqwest::Response, name: &str) -> String {
-        resp.headers()
-            .get(name)
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .unwrap_or_default()
     }
 }
 
@@ -137,7 +123,7 @@ async fn selfsubjectreview_on_a_peer_only_version_keeps_the_identity() -> Result
         json!({"apiVersion": "authentication.k8s.io/v1beta1", "kind": "SelfSubjectReview"});
     let url = format!(
         "{}/apis/authentication.k8s.io/v1beta1/selfsubjectreviews",
-        c.url()
+        c.envoy.url()
     );
     // Client certificate: the filter's X-Remote-* over the proxy-client certificate.
     let resp = c
@@ -148,11 +134,8 @@ async fn selfsubjectreview_on_a_peer_only_version_keeps_the_identity() -> Result
         .send()
         .await?;
     assert_eq!(resp.status(), 201);
-    assert_eq!(Cluster::header(&resp, "x-sim-apiserver"), "apiserver-b");
-    assert_eq!(
-        Cluster::header(&resp, "x-sim-authenticator"),
-        "requestheader"
-    );
+    assert_eq!(header(&resp, "x-sim-apiserver"), "apiserver-b");
+    assert_eq!(header(&resp, "x-sim-authenticator"), "requestheader");
     let body: Value = resp.json().await?;
     assert_eq!(body["apiVersion"], "authentication.k8s.io/v1beta1");
     assert_eq!(body["status"]["userInfo"]["username"], "alice");
@@ -171,8 +154,8 @@ async fn selfsubjectreview_on_a_peer_only_version_keeps_the_identity() -> Result
         .send()
         .await?;
     assert_eq!(resp.status(), 201);
-    assert_eq!(Cluster::header(&resp, "x-sim-apiserver"), "apiserver-b");
-    assert_eq!(Cluster::header(&resp, "x-sim-authenticator"), "token");
+    assert_eq!(header(&resp, "x-sim-apiserver"), "apiserver-b");
+    assert_eq!(header(&resp, "x-sim-authenticator"), "token");
     let body: Value = resp.json().await?;
     assert_eq!(body["status"]["userInfo"]["username"], user);
     Ok(())
@@ -195,7 +178,7 @@ async fn spoofed_remote_headers_never_change_the_identity() -> Result<()> {
     ];
     for path in ["/api/v1/namespaces/default/pods", CLAIMS] {
         for (cert, token, user, authenticator) in cases {
-            let mut req = c.pki.client(cert)?.get(format!("{}{path}", c.url()));
+            let mut req = c.pki.client(cert)?.get(format!("{}{path}", c.envoy.url()));
             for (name, value) in spoof {
                 req = req.header(name, value);
             }
@@ -204,14 +187,14 @@ async fn spoofed_remote_headers_never_change_the_identity() -> Result<()> {
             }
             let resp = req.send().await?;
             let what = format!("{path} as {user}");
-            assert_eq!(Cluster::header(&resp, "x-sim-user"), user, "{what}");
+            assert_eq!(header(&resp, "x-sim-user"), user, "{what}");
             assert_eq!(
-                Cluster::header(&resp, "x-sim-authenticator"),
+                header(&resp, "x-sim-authenticator"),
                 authenticator,
                 "{what}"
             );
             assert!(
-                !Cluster::header(&resp, "x-sim-groups").contains("system:masters"),
+                !header(&resp, "x-sim-groups").contains("system:masters"),
                 "{what}"
             );
         }
@@ -228,12 +211,12 @@ async fn a_certificate_the_filter_cannot_map_is_refused_with_401_and_impersonati
     let resp = c
         .pki
         .client(Some(&nameless))?
-        .get(format!("{}/api/v1/namespaces/default/pods", c.url()))
+        .get(format!("{}/api/v1/namespaces/default/pods", c.envoy.url()))
         .send()
         .await?;
     assert_eq!(resp.status(), 401);
     assert_eq!(
-        Cluster::header(&resp, "x-sim-apiserver"),
+        header(&resp, "x-sim-apiserver"),
         "",
         "it must not reach an apiserver"
     );
@@ -245,12 +228,12 @@ async fn a_certificate_the_filter_cannot_map_is_refused_with_401_and_impersonati
     let resp = c
         .pki
         .client(Some(&c.alice))?
-        .get(format!("{}{CLAIMS}", c.url()))
+        .get(format!("{}{CLAIMS}", c.envoy.url()))
         .header("Impersonate-User", "dave")
         .send()
         .await?;
-    assert_eq!(Cluster::header(&resp, "x-sim-impersonate-user"), "dave");
-    assert_eq!(Cluster::header(&resp, "x-sim-user"), "alice");
+    assert_eq!(header(&resp, "x-sim-impersonate-user"), "dave");
+    assert_eq!(header(&resp, "x-sim-user"), "alice");
     Ok(())
 }
 
@@ -263,20 +246,14 @@ async fn a_peer_with_a_certificate_from_another_ca_gets_no_request() -> Result<(
     let resp = c
         .pki
         .client(Some(&c.alice))?
-        .get(format!("{}{CLAIMS}", c.url()))
+        .get(format!("{}{CLAIMS}", c.envoy.url()))
         .send()
         .await?;
     assert_eq!(resp.status(), 503);
     let status: Value = resp.json().await?;
     assert_eq!(status["reason"], "ServiceUnavailable");
     // Envoy refused the handshake: verification failed and no request went upstream.
-    let stats = reqwest::get(format!(
-        "http://{}:{}/stats?filter=skewgate-peers",
-        c.envoy.admin.host, c.envoy.admin.port
-    ))
-    .await?
-    .text()
-    .await?;
+    let stats = c.envoy.admin("/stats?filter=skewgate-peers").await?;
     let stat = |name: &str| -> u64 {
         stats
             .lines()
@@ -287,13 +264,10 @@ async fn a_peer_with_a_certificate_from_another_ca_gets_no_request() -> Result<(
     assert!(stat("ssl.fail_verify_error") > 0, "{stats}");
     // Not one handshake completed, so not one byte of a request reached the peer.
     assert_eq!(stat("ssl.handshake"), 0, "{stats}");
-    let counters = reqwest::get(format!(
-        "http://{}:{}/stats?filter=apiserver_peer_proxy_errors_total",
-        c.envoy.admin.host, c.envoy.admin.port
-    ))
-    .await?
-    .text()
-    .await?;
+    let counters = c
+        .envoy
+        .admin("/stats?filter=apiserver_peer_proxy_errors_total")
+        .await?;
     assert!(
         counters
             .lines()
@@ -307,35 +281,23 @@ async fn a_peer_with_a_certificate_from_another_ca_gets_no_request() -> Result<(
 async fn watch_on_a_peer_only_resource_streams_with_identity() -> Result<()> {
     let c = cluster().await?;
     let client = c.pki.client(Some(&c.alice))?;
-    let url = format!("{}{CLAIMS}", c.url());
+    let url = format!("{}{CLAIMS}", c.envoy.url());
     let watch = client
         .get(format!("{url}?watch=true"))
         .timeout(Duration::from_secs(60))
         .send()
         .await?;
     assert_eq!(watch.status(), 200);
-    assert_eq!(Cluster::header(&watch, "x-sim-apiserver"), "apiserver-b");
-    assert_eq!(Cluster::header(&watch, "x-sim-user"), "alice");
-    let mut events = watch.bytes_stream();
+    assert_eq!(header(&watch, "x-sim-apiserver"), "apiserver-b");
+    assert_eq!(header(&watch, "x-sim-user"), "alice");
     let claim = json!({"apiVersion": "resource.k8s.io/v1alpha2", "kind": "ResourceClaim",
         "metadata": {"name": "watched"}, "spec": {"resourceClassName": "gpu"}});
     let resp = client.post(&url).json(&claim).send().await?;
     assert_eq!(resp.status(), 201);
-    let mut buffered = Vec::new();
-    let event = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(chunk) = events.next().await {
-            buffered.extend_from_slice(&chunk?);
-            while let Some(end) = buffered.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = buffered.drain(..=end).collect();
-                let event: Value = serde_json::from_slice(&line)?;
-                if event["object"]["metadata"]["name"] == "watched" {
-                    return Ok::<_, anyhow::Error>(event);
-                }
-            }
-        }
-        anyhow::bail!("watch ended without the event")
+    let (event, _) = watch_until(watch, Duration::from_secs(20), |e| {
+        e["object"]["metadata"]["name"] == "watched"
     })
-    .await??;
+    .await?;
     assert_eq!(event["type"], "ADDED");
     Ok(())
 }
@@ -397,7 +359,7 @@ async fn anonymous_clients_get_no_merged_discovery_when_the_apiserver_refuses_th
     let peer =
         SimApiserver::start_with(SimOptions::secure("apiserver-b", "k8s-1.30", &pki)).await?;
     let envoy = Envoy::start_with(&local, vec![PeerSpec::of(&peer)?], tls_options(&pki)).await?;
-    let url = format!("https://{}:{}/apis", envoy.address.host, envoy.address.port);
+    let url = format!("{}/apis", envoy.url());
     let accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
     let resp = pki
         .client(None)?
@@ -441,10 +403,7 @@ async fn peers_reach_each_other_through_the_peer_port() -> Result<()> {
     let pki = TestPki::generate()?;
     let a = SimApiserver::start_with(SimOptions::secure("apiserver-a", "k8s-1.33", &pki)).await?;
     let b = SimApiserver::start_with(SimOptions::secure("apiserver-b", "k8s-1.30", &pki)).await?;
-    let peer_port = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
-        Address::parse(&probe.local_addr()?.to_string())?
-    };
+    let peer_port = Address::parse(&format!("127.0.0.1:{}", free_port()?))?;
     let envoy_b = Envoy::start_with(
         &b,
         vec![PeerSpec::of(&a)?],
@@ -461,33 +420,15 @@ async fn peers_reach_each_other_through_the_peer_port() -> Result<()> {
     let envoy_a = Envoy::start_with(&a, vec![b_behind_its_envoy], tls_options(&pki)).await?;
 
     let alice = pki.client_cert("alice", &Subject::new().cn("alice").o("dev"))?;
-    let url = format!(
-        "https://{}:{}{CLAIMS}",
-        envoy_a.address.host, envoy_a.address.port
-    );
+    let url = format!("{}{CLAIMS}", envoy_a.url());
     let resp = pki.client(Some(&alice))?.get(&url).send().await?;
     assert_eq!(resp.status(), 200);
-    assert_eq!(Cluster::header(&resp, "x-sim-apiserver"), "apiserver-b");
+    assert_eq!(header(&resp, "x-sim-apiserver"), "apiserver-b");
     // The peer apiserver itself verified the proxy-client certificate: the identity arrived.
-    assert_eq!(
-        Cluster::header(&resp, "x-sim-authenticator"),
-        "requestheader"
-    );
-    assert_eq!(Cluster::header(&resp, "x-sim-user"), "alice");
-    assert_eq!(Cluster::header(&resp, "x-sim-peer-proxied"), "true");
-    let stats = reqwest::get(format!(
-        "http://{}:{}/stats?filter=^tcp.peer.downstream_cx_total",
-        envoy_b.admin.host, envoy_b.admin.port
-    ))
-    .await?
-    .text()
-    .await?;
-    let connections: u64 = stats
-        .trim()
-        .rsplit(": ")
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(connections > 0, "{stats}");
+    assert_eq!(header(&resp, "x-sim-authenticator"), "requestheader");
+    assert_eq!(header(&resp, "x-sim-user"), "alice");
+    assert_eq!(header(&resp, "x-sim-peer-proxied"), "true");
+    let connections = envoy_b.stat("tcp.peer.downstream_cx_total").await?;
+    assert!(connections > 0);
     Ok(())
 }

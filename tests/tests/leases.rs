@@ -14,7 +14,7 @@ use skewgate_control::peers::{
     self, AddressPolicy, AddressSource, Exclusion, LocalSelector, MappingEntry, PeerConfig,
     PeerMetrics, PeerSet, PeerWatcher, RejectReason,
 };
-use skewgate_tests::{Etcd, PeerAdvertise, SimApiserver, SimOptions};
+use skewgate_tests::{watch_until, Etcd, PeerAdvertise, SimApiserver, SimOptions};
 
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases";
 
@@ -551,34 +551,6 @@ async fn objects_written_through_one_apiserver_are_served_by_the_others() -> Res
     Ok(())
 }
 
-/// Read watch lines until `pred` matches one (or the deadline).
-async fn watch_until(
-    resp: reqwest::Response,
-    timeout: Duration,
-    pred: impl Fn(&Value) -> bool,
-) -> Result<(Value, Vec<Value>)> {
-    use futures_util::StreamExt;
-    let mut stream = resp.bytes_stream();
-    let mut buf = Vec::new();
-    let mut seen = Vec::new();
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        while let Some(i) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=i).collect();
-            let v: Value = serde_json::from_slice(&line)?;
-            if pred(&v) {
-                return Ok((v, seen));
-            }
-            seen.push(v);
-        }
-        match tokio::time::timeout_at(deadline, stream.next()).await {
-            Ok(Some(chunk)) => buf.extend_from_slice(&chunk?),
-            Ok(None) => bail!("watch ended; saw {seen:?}"),
-            Err(_) => bail!("no matching watch event; saw {seen:?}"),
-        }
-    }
-}
-
 #[tokio::test]
 async fn watches_follow_other_apiservers_writes_with_bookmarks_and_410_after_compaction(
 ) -> Result<()> {
@@ -645,17 +617,7 @@ async fn watches_follow_other_apiservers_writes_with_bookmarks_and_410_after_com
     assert_eq!(bookmark["object"]["kind"], "ConfigMap");
 
     // etcd compacts: a watch from before the compaction is told 410 Expired.
-    let mut etcd_client = etcd_client::Client::connect([etcd.url.as_str()], None).await?;
-    let current = etcd_client
-        .get(
-            "/registry/",
-            Some(etcd_client::GetOptions::new().with_count_only()),
-        )
-        .await?
-        .header()
-        .map(|h| h.revision())
-        .context("revision")?;
-    etcd_client.compact(current, None).await?;
+    compact(&etcd).await?;
     let watch = http
         .get(format!(
             "{}{cms}?watch=true&resourceVersion={rv}&timeoutSeconds=20",

@@ -10,8 +10,7 @@
 //! resynced from the versions it reports; (e) the restarted server pushes the next change
 //! (the peer leaves: its cluster is removed after the configuration that no longer names it).
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,8 +23,9 @@ use skewgate_control::xds::{
     self, Snapshot, SnapshotInputs, XdsError, XdsMetrics, CLUSTER_TYPE_URL,
     EXTENSION_CONFIG_TYPE_URL,
 };
-use skewgate_tests::{envoy_bin, wasm_path, SimApiserver, DEFAULT_REQUEST_TIMEOUT};
-use tokio::process::{Child, Command};
+use skewgate_tests::{
+    free_port, header, wait_until, wasm_path, Envoy, Probe, SimApiserver, DEFAULT_REQUEST_TIMEOUT,
+};
 use tokio::sync::{oneshot, watch};
 
 const CLAIMS_V1BETA2: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims";
@@ -84,101 +84,22 @@ impl XdsServer {
     }
 }
 
-/// Envoy on the rendered live-mode bootstrap.
-struct LiveEnvoy {
-    listen: Address,
-    admin: Address,
-    log_path: PathBuf,
-    _dir: tempfile::TempDir,
-    _child: Child,
-}
-
-impl LiveEnvoy {
-    /// Start Envoy and wait for its admin interface (not for its listener: that opens only
-    /// after the first sync).
-    async fn start(xds: &Address) -> Result<Self> {
-        // The listener's port is chosen here so that its closed state can be observed.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let listen = Address::parse(&format!("127.0.0.1:{port}"))?;
-        let yaml = DynamicBootstrap {
-            listen: &listen,
-            admin_port: 0,
-            xds,
-            node_id: "envoy-apiserver-a",
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            serving: None,
-            peer: None,
-        }
-        .render()?;
-        let dir = tempfile::tempdir()?;
-        let config_path = dir.path().join("envoy.yaml");
-        let admin_path = dir.path().join("admin-address");
-        let log_path = dir.path().join("envoy.log");
-        std::fs::write(&config_path, &yaml)?;
-        let mut child = Command::new(envoy_bin()?)
-            .arg("-c")
-            .arg(&config_path)
-            .arg("--admin-address-path")
-            .arg(&admin_path)
-            .arg("--log-path")
-            .arg(&log_path)
-            .args(["--disable-hot-restart", "--concurrency", "2", "-l", "info"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting envoy")?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = child.try_wait()? {
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                bail!("envoy exited with {status}:\n{log}");
-            }
-            if Instant::now() > deadline {
-                bail!("envoy's admin interface was not up within 60s");
-            }
-            if let Ok(admin) = std::fs::read_to_string(&admin_path) {
-                if let Ok(admin) = Address::parse(admin.trim()) {
-                    let url = format!("http://{}:{}/server_info", admin.host, admin.port);
-                    if client().get(url).send().await.is_ok() {
-                        return Ok(LiveEnvoy {
-                            listen,
-                            admin,
-                            log_path,
-                            _dir: dir,
-                            _child: child,
-                        });
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+/// Envoy on the rendered live-mode bootstrap, its admin interface up (not its listener: that
+/// opens only after the first sync).
+async fn live_envoy(xds: &Address) -> Result<Envoy> {
+    // The listener's port is chosen here so that its closed state can be observed.
+    let listen = Address::parse(&format!("127.0.0.1:{}", free_port()?))?;
+    let yaml = DynamicBootstrap {
+        listen: &listen,
+        admin_port: 0,
+        xds,
+        node_id: "envoy-apiserver-a",
+        request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        serving: None,
+        peer: None,
     }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}:{}{path}", self.listen.host, self.listen.port)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
-    }
-
-    async fn admin(&self, path: &str) -> Result<String> {
-        let url = format!("http://{}:{}{path}", self.admin.host, self.admin.port);
-        Ok(client().get(url).send().await?.text().await?)
-    }
-
-    /// One counter or gauge from the admin `/stats`.
-    async fn stat(&self, name: &str) -> Result<u64> {
-        let stats = self.admin(&format!("/stats?filter=^{name}$")).await?;
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("stat {name} not found in {stats:?}"))
-    }
+    .render()?;
+    Envoy::spawn(&yaml, listen).await
 }
 
 fn client() -> reqwest::Client {
@@ -188,21 +109,17 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
-fn served_by(resp: &reqwest::Response) -> String {
-    resp.headers()
-        .get("x-sim-apiserver")
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        .unwrap_or_default()
-}
-
 /// (status, x-sim-apiserver) of a GET through Envoy.
-async fn get(envoy: &LiveEnvoy, path: &str) -> Result<(u16, String)> {
-    let resp = client().get(envoy.url(path)).send().await?;
-    Ok((resp.status().as_u16(), served_by(&resp)))
+async fn get(envoy: &Envoy, path: &str) -> Result<(u16, String)> {
+    let resp = client()
+        .get(format!("{}{path}", envoy.url()))
+        .send()
+        .await?;
+    Ok((resp.status().as_u16(), header(&resp, "x-sim-apiserver")))
 }
 
 /// Poll until `path` answers `status` from `server`; returns when it first did.
-async fn wait_routed(envoy: &LiveEnvoy, path: &str, status: u16, server: &str) -> Result<Instant> {
+async fn wait_routed(envoy: &Envoy, path: &str, status: u16, server: &str) -> Result<Instant> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let last = match get(envoy, path).await {
@@ -218,17 +135,6 @@ async fn wait_routed(envoy: &LiveEnvoy, path: &str, status: u16, server: &str) -
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        if Instant::now() > deadline {
-            bail!("{what}: not within {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
 }
 
 fn plan(local: &SimApiserver, peers: &[&SimApiserver]) -> Result<RoutingPlan> {
@@ -274,7 +180,7 @@ fn snapshot(
 async fn publish_and_time(
     publisher: &Publisher,
     snapshot: Arc<Snapshot>,
-    envoy: &LiveEnvoy,
+    envoy: &Envoy,
     path: &str,
     status: u16,
     server: &str,
@@ -283,58 +189,6 @@ async fn publish_and_time(
     publisher.send_replace(Some(snapshot));
     let routed = wait_routed(envoy, path, status, server).await?;
     Ok(routed - published)
-}
-
-/// Requests sent in a loop until stopped: (answered 200 by the peer, anything else).
-struct Probe {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    failed: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<Vec<String>>,
-}
-
-impl Probe {
-    fn start(url: String) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicU64::new(0));
-        let (s, o, f) = (stop.clone(), ok.clone(), failed.clone());
-        let task = tokio::spawn(async move {
-            let client = client();
-            let mut failures = Vec::new();
-            // Bounded: at most 60 s of probing.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !s.load(Ordering::Relaxed) && Instant::now() < deadline {
-                match client.get(&url).send().await {
-                    Ok(r) if r.status() == 200 && served_by(&r) == "apiserver-b" => {
-                        o.fetch_add(1, Ordering::Relaxed);
-                    }
-                    other => {
-                        f.fetch_add(1, Ordering::Relaxed);
-                        failures.push(format!("{other:?}"));
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            failures
-        });
-        Probe {
-            stop,
-            ok,
-            failed,
-            task,
-        }
-    }
-
-    async fn finish(self) -> Result<(u64, u64, Vec<String>)> {
-        self.stop.store(true, Ordering::Relaxed);
-        let failures = self.task.await?;
-        Ok((
-            self.ok.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-            failures,
-        ))
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,11 +200,11 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
     let (publisher, snapshots) = watch::channel(None);
     let metrics = Arc::new(XdsMetrics::new());
     let server = XdsServer::start("127.0.0.1:0", snapshots.clone(), metrics.clone()).await?;
-    let envoy = LiveEnvoy::start(&server.address).await?;
+    let envoy = live_envoy(&server.address).await?;
 
     // (a) Envoy has opened its ADS stream, but no snapshot exists: nothing is sent, and the
     // listener stays closed (warming on ECDS).
-    wait_for(
+    wait_until(
         "Envoy opens its ADS stream",
         Duration::from_secs(30),
         || metrics.streams() >= 1,
@@ -359,7 +213,7 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
     .with_context(|| envoy.log())?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let refused =
-        tokio::net::TcpStream::connect((envoy.listen.host.as_str(), envoy.listen.port)).await;
+        tokio::net::TcpStream::connect((envoy.address.host.as_str(), envoy.address.port)).await;
     assert!(
         refused.is_err(),
         "the listener must not accept before the first sync"
@@ -431,7 +285,7 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
             .extension_configs,
     });
     publisher.send_replace(Some(bad.clone()));
-    wait_for(
+    wait_until(
         "the bad configuration is NACKed",
         Duration::from_secs(20),
         || metrics.nacks(ECDS) >= 1,
@@ -465,7 +319,7 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
     // (d) The control plane stops and comes back at the same address, with traffic flowing:
     // Envoy keeps serving with its last good configuration, reconnects reporting the versions
     // it holds, and the restarted server has nothing to resend.
-    let probe = Probe::start(envoy.url(CLAIMS_V1BETA2));
+    let probe = Probe::start(&envoy, vec![(CLAIMS_V1BETA2, 200, "apiserver-b")]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let xds_address = server.address.clone();
     let stopped_in = server.stop().await?;
@@ -478,14 +332,15 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
     let metrics2 = Arc::new(XdsMetrics::new());
     let listen = format!("{}:{}", xds_address.host, xds_address.port);
     let server2 = XdsServer::start(&listen, snapshots2, metrics2.clone()).await?;
-    wait_for("Envoy reconnects", Duration::from_secs(30), || {
+    wait_until("Envoy reconnects", Duration::from_secs(30), || {
         metrics2.streams() >= 1
     })
     .await
     .with_context(|| envoy.log())?;
     let reconnected_after = down_since.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (ok, failed, failures) = probe.finish().await?;
+    let (ok, failures) = probe.finish().await?;
+    let failed = failures.len();
     eprintln!(
         "(d) server stopped in {stopped_in:?}; Envoy reconnected {reconnected_after:?} after the stop; \
          requests during stop/restart: {ok} routed to the peer ({served_while_down} before the restart), {failed} failed; \
@@ -517,7 +372,7 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
     eprintln!(
         "(e) after restart, publish -> peer-only GVR goes local (404 from apiserver-a): {took:?}"
     );
-    wait_for(
+    wait_until(
         "the peer cluster is removed",
         Duration::from_secs(20),
         || metrics2.responses(CDS) >= 1,
