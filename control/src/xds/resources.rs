@@ -22,8 +22,8 @@ use envoy_types::pb::envoy::config::cluster::v3::{
 use envoy_types::pb::envoy::config::core::v3::{
     address, async_data_source, data_source, socket_address, transport_socket,
     Address as EnvoyAddress, AsyncDataSource, DataSource, Http1ProtocolOptions,
-    Http2ProtocolOptions, RoutingPriority, SocketAddress, TcpKeepalive, TransportSocket,
-    TypedExtensionConfig,
+    Http2ProtocolOptions, KeepaliveSettings, RoutingPriority, SocketAddress, TcpKeepalive,
+    TransportSocket, TypedExtensionConfig,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
@@ -314,7 +314,17 @@ pub fn cluster(
     } else {
         UpstreamProtocolOptions::UseDownstreamProtocolConfig(UseDownstreamHttpConfig {
             http_protocol_options: Some(Http1ProtocolOptions::default()),
-            http2_protocol_options: Some(Http2ProtocolOptions::default()),
+            http2_protocol_options: Some(Http2ProtocolOptions {
+                // An apiserver cut off the network leaves a pooled HTTP/2 connection that
+                // neither answers nor resets: PINGs find it within 15 s, instead of every
+                // request on it waiting out the request timeout.
+                connection_keepalive: Some(KeepaliveSettings {
+                    interval: seconds(10),
+                    timeout: seconds(5),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         })
     };
