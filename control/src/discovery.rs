@@ -719,14 +719,7 @@ pub(crate) fn valid_segment(s: &str) -> bool {
 mod tests {
     use super::*;
 
-    const K130: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/discovery/k8s-1.30"
-    );
-    const K133: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/discovery/k8s-1.33"
-    );
+    use crate::test_fixtures::{K130, K133};
 
     fn read(dir: &str, file: &str) -> Vec<u8> {
         std::fs::read(Path::new(dir).join(file)).expect("fixture is readable")

@@ -13,3 +13,6 @@ pub mod peers;
 pub mod routing;
 pub mod shared_storage;
 pub mod xds;
+
+#[cfg(test)]
+mod test_fixtures;

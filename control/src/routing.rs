@@ -166,14 +166,7 @@ pub fn build(
 mod tests {
     use super::*;
 
-    const K130: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/discovery/k8s-1.30"
-    );
-    const K133: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/discovery/k8s-1.33"
-    );
+    use crate::test_fixtures::{K130, K133};
 
     fn load(dir: &str) -> ServedApis {
         ServedApis::from_dir(dir).expect("fixture loads")

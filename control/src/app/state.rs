@@ -446,14 +446,7 @@ mod tests {
     use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
     use std::time::SystemTime;
 
-    const K130: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/discovery/k8s-1.30"
-    );
-    const K133: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/discovery/k8s-1.33"
-    );
+    use crate::test_fixtures::{K130, K133};
 
     fn docs(dir: &str) -> DiscoveryDocuments {
         DiscoveryDocuments::from_dir(dir).expect("fixture")
