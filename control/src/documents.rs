@@ -262,13 +262,7 @@ mod tests {
     use super::*;
     use std::collections::BTreeSet;
 
-    fn fixture(name: &str) -> DiscoveryDocuments {
-        DiscoveryDocuments::from_dir(format!(
-            "{}/../tests/fixtures/discovery/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap()
-    }
+    use crate::test_fixtures::documents as fixture;
 
     #[test]
     fn core_group_from_legacy_keeps_every_resource_and_subresource() {
@@ -290,10 +284,7 @@ mod tests {
             assert_eq!(subs.contains("resize"), resize, "{name}");
             assert_eq!(pods.scope, "Namespaced");
             // Round trip to legacy gives back the same names.
-            let legacy_path = format!(
-                "{}/../tests/fixtures/discovery/{name}/api__v1.json",
-                env!("CARGO_MANIFEST_DIR")
-            );
+            let legacy_path = format!("{}/api__v1.json", crate::test_fixtures::dir(name));
             let original =
                 parse_resource_list(&std::fs::read(legacy_path).unwrap(), 1 << 20).unwrap();
             let derived = legacy_resource_list("", v1);

@@ -125,13 +125,7 @@ pub fn discovery_config(
 mod tests {
     use super::*;
 
-    fn fixture(name: &str) -> DiscoveryDocuments {
-        DiscoveryDocuments::from_dir(format!(
-            "{}/../tests/fixtures/discovery/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap()
-    }
+    use crate::test_fixtures::documents as fixture;
 
     #[test]
     fn legacy_documents_only_where_the_union_differs() {

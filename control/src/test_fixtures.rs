@@ -8,3 +8,16 @@ pub const K133: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../tests/fixtures/discovery/k8s-1.33"
 );
+
+/// A fixture folder by name (`k8s-1.30`, `k8s-1.33`).
+pub fn dir(name: &str) -> String {
+    format!(
+        "{}/../tests/fixtures/discovery/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// A fixture's discovery documents.
+pub fn documents(name: &str) -> crate::documents::DiscoveryDocuments {
+    crate::documents::DiscoveryDocuments::from_dir(dir(name)).expect("fixture loads")
+}

@@ -7,7 +7,7 @@ use proxy_wasm::types::{Action, Bytes};
 use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
 use skewgate_core::discovery::{DiscoveryAnswer, DiscoveryHeaders, PassReason, Response};
 use skewgate_core::hygiene::{self, PEER_PROXIED, REQUEST_CLASS, SHORT_REQUEST, UPSTREAM_CLUSTER};
-use skewgate_core::identity::{self, REMOTE_GROUP, REMOTE_USER};
+use skewgate_core::identity;
 use skewgate_core::local_reply::{self, RoutedTo};
 use skewgate_core::routing::Upstream;
 use skewgate_core::status;
@@ -98,8 +98,8 @@ impl Request {
                 .find(|(n, _)| n == name)
                 .map(|(_, v)| v.as_slice())
         };
-        let method = String::from_utf8_lossy(raw(":method").unwrap_or_default()).into_owned();
-        let path = String::from_utf8_lossy(raw(":path").unwrap_or_default()).into_owned();
+        let method = String::from_utf8_lossy(raw(":method").unwrap_or_default());
+        let path = String::from_utf8_lossy(raw(":path").unwrap_or_default());
 
         // Step 2: identity.
         let auth = match host::property(&["connection", "subject_peer_certificate"])? {
@@ -107,9 +107,9 @@ impl Request {
                 let subject = String::from_utf8_lossy(&subject);
                 match identity::identity_from_subject(&subject) {
                     Ok(id) => {
-                        host::set_request_header(REMOTE_USER, &id.user)?;
-                        for group in &id.groups {
-                            host::add_request_header(REMOTE_GROUP, group)?;
+                        // Step 1 removed every client copy, so adding is setting.
+                        for (name, value) in identity::remote_headers(&id) {
+                            host::add_request_header(name, value)?;
                         }
                         UpstreamAuth::ProxyIdentity
                     }
@@ -151,8 +151,8 @@ impl Request {
             }
             if let DiscoveryAnswer::Respond(_) = answer {
                 self.discovery = Some(PendingDiscovery {
-                    method: method.clone(),
-                    path: path.clone(),
+                    method: method.to_string(),
+                    path: path.to_string(),
                     accept: raw("accept").map(<[u8]>::to_vec),
                     if_none_match: raw("if-none-match").map(<[u8]>::to_vec),
                     accept_encoding: raw("accept-encoding").map(<[u8]>::to_vec),

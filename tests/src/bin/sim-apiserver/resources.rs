@@ -128,6 +128,25 @@ fn resolve_verb(method: &Method, path: &ResourcePath, watch_param: bool) -> Opti
     })
 }
 
+/// What the path names, if kube registers a route for it (`None`: kube's plain 404). Routes
+/// kube does not register: unserved resources, cluster-scoped objects under a namespace,
+/// single namespaced objects without one, subresources discovery does not list.
+pub fn registered<'a>(state: &'a AppState, path: &ResourcePath) -> Option<&'a ResourceInfo> {
+    let info = state
+        .catalog
+        .lookup(&path.group, &path.version, &path.resource)?;
+    if (path.namespace.is_some() && !info.namespaced)
+        || (info.namespaced && path.namespace.is_none() && path.name.is_some())
+        || path
+            .subresource
+            .as_ref()
+            .is_some_and(|s| !info.subresources.contains_key(s))
+    {
+        return None;
+    }
+    Some(info)
+}
+
 pub async fn handle(
     state: &Arc<AppState>,
     path: &ResourcePath,
@@ -137,23 +156,9 @@ pub async fn handle(
     body: &[u8],
     user: &UserInfo,
 ) -> Response {
-    let Some(info) = state
-        .catalog
-        .lookup(&path.group, &path.version, &path.resource)
-    else {
+    let Some(info) = registered(state, path) else {
         return status::page_not_found();
     };
-    // Routes kube does not register: cluster-scoped objects under a namespace, single
-    // namespaced objects without one, subresources discovery does not list.
-    if (path.namespace.is_some() && !info.namespaced)
-        || (info.namespaced && path.namespace.is_none() && path.name.is_some())
-        || path
-            .subresource
-            .as_ref()
-            .is_some_and(|s| !info.subresources.contains_key(s))
-    {
-        return status::page_not_found();
-    }
     let watch_param = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
     let not_allowed = |verb: &str| {
         status::respond(status::method_not_allowed(

@@ -104,21 +104,9 @@ pub async fn handle(
     mut req: Request,
     user: &UserInfo,
 ) -> Response {
-    let Some(info) = state
-        .catalog
-        .lookup(&path.group, &path.version, &path.resource)
-    else {
+    let Some(info) = crate::resources::registered(state, path) else {
         return status::page_not_found();
     };
-    if (path.namespace.is_some() && !info.namespaced)
-        || (info.namespaced && path.namespace.is_none() && path.name.is_some())
-        || path
-            .subresource
-            .as_ref()
-            .is_some_and(|s| !info.subresources.contains_key(s))
-    {
-        return status::page_not_found();
-    }
     if let Some(sub) = &path.subresource {
         if STREAM_SUBRESOURCES.contains(&sub.as_str()) {
             let verb = match *req.method() {
