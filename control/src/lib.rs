@@ -2,16 +2,19 @@
 //! go, and the Envoy configuration that carries those decisions to the data plane.
 
 pub mod app;
-pub mod bootstrap;
 pub mod discovery;
 pub mod documents;
+pub mod envoy;
 pub mod fetch;
+pub mod flags;
 pub mod health;
 pub mod merge;
 pub mod merged;
 pub mod peers;
+pub mod plan;
 pub mod routing;
 pub mod shared_storage;
+pub mod static_config;
 pub mod xds;
 
 #[cfg(test)]

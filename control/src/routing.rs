@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest, Sha256};
 use skewgate_core::config::{FilterConfig, GroupVersionRoutes, ResourceRoute, SCHEMA_VERSION};
+use skewgate_core::group_version::GroupVersion;
 
 use crate::discovery::ServedApis;
 
@@ -81,7 +82,7 @@ pub fn build(
     local: &ServedApis,
     local_id: &str,
     peers: &[Peer],
-    shared_storage: &BTreeSet<(String, String)>,
+    shared_storage: &BTreeSet<GroupVersion>,
 ) -> RoutingPlan {
     // (group, version) -> key -> who serves it.
     let mut table: BTreeMap<(&str, &str), BTreeMap<&str, Servers<'_>>> = BTreeMap::new();
@@ -106,7 +107,7 @@ pub fn build(
     let mut peer_clusters: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut group_versions = Vec::with_capacity(table.len());
     for ((group, version), keys) in table {
-        if shared_storage.contains(&(group.to_owned(), version.to_owned())) {
+        if shared_storage.contains(&GroupVersion::new(group, version)) {
             group_versions.push(GroupVersionRoutes {
                 group: group.to_owned(),
                 version: version.to_owned(),
@@ -417,10 +418,10 @@ mod tests {
             "a",
             synthetic(&[("crd.io", "v1", "widgets"), ("crd.io", "v2", "widgets")]),
         )];
-        let shared: BTreeSet<(String, String)> = [
-            ("crd.io".to_string(), "v1".to_string()),
-            ("crd.io".to_string(), "v2".to_string()),
-            ("gone.io".to_string(), "v1".to_string()),
+        let shared: BTreeSet<GroupVersion> = [
+            GroupVersion::new("crd.io", "v1"),
+            GroupVersion::new("crd.io", "v2"),
+            GroupVersion::new("gone.io", "v1"),
         ]
         .into();
         let plan = build(&local, "local", &peers, &shared);

@@ -23,4 +23,5 @@ pub mod orchestrator;
 pub mod state;
 pub mod status;
 
-pub use cli::{BootstrapArgs, RunArgs};
+pub use cli::BootstrapArgs;
+pub use config::RunArgs;

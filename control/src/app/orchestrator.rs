@@ -16,12 +16,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use skewgate_core::group_version::GroupVersion;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
-use crate::bootstrap::Address;
 use crate::documents::DiscoveryDocuments;
+use crate::envoy::Address;
 use crate::fetch::{
     spawn_apiserver_watch, ApiserverWatch, Backoff, ClientTemplate, DiscoveryFetcher,
     DiscoveryMetrics, FetchConfig, RefreshConfig,
@@ -31,11 +32,9 @@ use crate::shared_storage::SharedStorage;
 use crate::xds::Snapshot;
 
 use super::config::RunConfig;
-use super::state::{
-    compose, first_sync_gate, peer_urls, reconcile, ComposeInputs, Gate, MergedOutcome, Progress,
-    ServerView, SyncView, Unrouted,
-};
+use super::state::{first_sync_gate, peer_urls, reconcile, Gate, Progress, SyncView};
 use super::status::{ApiserverStatus, AppMetrics, ExcludedLease, Status, View};
+use crate::plan::{plan, ApiserverView, MergedOutcome, PlanInputs, Unrouted};
 
 /// How long after a change the snapshot is recomputed: a burst of changes (a peer's lease and
 /// then its discovery, several peers restarting) becomes one push.
@@ -107,7 +106,7 @@ struct Fingerprint {
         std::net::SocketAddr,
         Option<Arc<DiscoveryDocuments>>,
     )>,
-    shared: BTreeSet<(String, String)>,
+    shared: BTreeSet<GroupVersion>,
 }
 
 fn same_docs(a: &Option<Arc<DiscoveryDocuments>>, b: &Option<Arc<DiscoveryDocuments>>) -> bool {
@@ -452,18 +451,18 @@ impl Orchestrator {
                 port: p.address.port(),
             })
             .collect();
-        let views: Vec<ServerView<'_>> = fingerprint
+        let views: Vec<ApiserverView<'_>> = fingerprint
             .peers
             .iter()
             .zip(&addresses)
-            .map(|((id, _, docs), address)| ServerView {
+            .map(|((id, _, docs), address)| ApiserverView {
                 id,
                 address,
                 documents: docs.as_deref(),
             })
             .collect();
-        let composed = compose(&ComposeInputs {
-            local: ServerView {
+        let composed = plan(&PlanInputs {
+            local: ApiserverView {
                 id: &local_id,
                 address: &self.config.local.address,
                 documents: fingerprint.local.as_deref(),
@@ -534,7 +533,7 @@ impl Orchestrator {
                 local = %local_id,
                 routed_peers = ?c.routed,
                 clusters = c.snapshot.clusters.len(),
-                filter_config_bytes = c.plan.config.to_json().len(),
+                filter_config_bytes = c.routing.config.to_json().len(),
                 merged_discovery = %merged_note,
                 "publishing a new snapshot to Envoy"
             );
@@ -559,7 +558,7 @@ impl Orchestrator {
             snapshot_version: version,
             published_at: SystemTime::now(),
             served: c.served,
-            plan: c.plan,
+            plan: c.routing,
             shared_storage: storage.group_versions.clone(),
             unrouted: c.unrouted,
             merged_discovery: merged_note,

@@ -4,38 +4,17 @@
 //! the outputs out.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-use std::path::Path;
 
 use serde::Serialize;
 
-use crate::bootstrap::{Address, UpstreamTls};
 use crate::discovery::ServedApis;
-use crate::documents::DiscoveryDocuments;
-use crate::merged::{self, MergedDiscoveryError};
+use crate::flags::Scheme;
 use crate::peers::PeerSet;
-use crate::routing::{self, Peer, RoutingPlan};
-use crate::xds::{Snapshot, SnapshotInputs, XdsError};
+use crate::routing::RoutingPlan;
+use skewgate_core::group_version::GroupVersion;
 
 // ---------------------------------------------------------------------------------------------
 // Which discovery watches run.
-
-/// How the control plane reaches apiservers (the local one and its peers alike).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scheme {
-    Https,
-    /// `--insecure-plaintext-upstreams`: tests and demos on loopback only.
-    Http,
-}
-
-impl Scheme {
-    pub fn url(self, address: SocketAddr) -> String {
-        match self {
-            Scheme::Https => format!("https://{address}"),
-            Scheme::Http => format!("http://{address}"),
-        }
-    }
-}
 
 /// The discovery URL of every live peer, by lease name.
 pub fn peer_urls(set: &PeerSet, scheme: Scheme) -> BTreeMap<String, String> {
@@ -157,166 +136,6 @@ pub fn first_sync_gate(view: &SyncView) -> Gate {
 }
 
 // ---------------------------------------------------------------------------------------------
-// What to publish.
-
-/// One apiserver as composition sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct ServerView<'a> {
-    /// Lease name (the local apiserver: its lease name when known).
-    pub id: &'a str,
-    pub address: &'a Address,
-    /// The last good discovery, if any.
-    pub documents: Option<&'a DiscoveryDocuments>,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct ComposeInputs<'a> {
-    pub local: ServerView<'a>,
-    /// The live peers.
-    pub peers: &'a [ServerView<'a>],
-    pub shared_storage: &'a BTreeSet<(String, String)>,
-    pub wasm_path: &'a Path,
-    pub upstream_tls: Option<&'a UpstreamTls>,
-}
-
-/// Whether merged discovery made it into the filter configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MergedOutcome {
-    Included {
-        bytes: usize,
-    },
-    /// Left out (too large, or a bug): discovery is then each apiserver's own.
-    Skipped {
-        reason: String,
-    },
-}
-
-/// A live peer that is not routed to, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Unrouted {
-    pub id: String,
-    pub reason: String,
-}
-
-/// The result of one composition.
-#[derive(Debug, Clone)]
-pub struct Composition {
-    pub plan: RoutingPlan,
-    pub snapshot: Snapshot,
-    /// Peers in the plan (serving something), sorted.
-    pub routed: Vec<String>,
-    pub unrouted: Vec<Unrouted>,
-    pub merged: MergedOutcome,
-    /// What each apiserver with a view serves: the local one first, then peers by id.
-    pub served: Vec<(String, ServedApis)>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ComposeError {
-    #[error("the local apiserver's discovery is not known yet")]
-    NoLocalDiscovery,
-    #[error("the local apiserver's discovery is unusable: {0}")]
-    LocalDiscovery(String),
-    #[error(transparent)]
-    Xds(#[from] XdsError),
-}
-
-/// Routing plan, merged discovery and xDS snapshot for one view of the cluster. Peers without a
-/// good view (never fetched) are left out and reported; so are peers claiming the local id.
-pub fn compose(inputs: &ComposeInputs<'_>) -> Result<Composition, ComposeError> {
-    let local_docs = inputs
-        .local
-        .documents
-        .ok_or(ComposeError::NoLocalDiscovery)?;
-    let local_served = local_docs
-        .served()
-        .map_err(|e| ComposeError::LocalDiscovery(e.to_string()))?;
-    let mut unrouted = Vec::new();
-    let mut routing_peers = Vec::new();
-    let mut addresses = Vec::new();
-    let mut servers: Vec<(String, &DiscoveryDocuments)> =
-        vec![(inputs.local.id.to_string(), local_docs)];
-    let mut served = vec![(inputs.local.id.to_string(), local_served.clone())];
-    for peer in inputs.peers {
-        if peer.id == inputs.local.id {
-            unrouted.push(Unrouted {
-                id: peer.id.to_string(),
-                reason: "it has the local apiserver's id".to_string(),
-            });
-            continue;
-        }
-        let Some(docs) = peer.documents else {
-            unrouted.push(Unrouted {
-                id: peer.id.to_string(),
-                reason: "its discovery has never been fetched successfully".to_string(),
-            });
-            continue;
-        };
-        match docs.served() {
-            Ok(s) => {
-                routing_peers.push(Peer {
-                    id: peer.id.to_string(),
-                    served: s.clone(),
-                });
-                addresses.push((peer.id.to_string(), peer.address.clone()));
-                servers.push((peer.id.to_string(), docs));
-                served.push((peer.id.to_string(), s));
-            }
-            Err(e) => unrouted.push(Unrouted {
-                id: peer.id.to_string(),
-                reason: format!("its discovery is unusable: {e}"),
-            }),
-        }
-    }
-    let mut plan = routing::build(
-        &local_served,
-        inputs.local.id,
-        &routing_peers,
-        inputs.shared_storage,
-    );
-    let merged = match merged::discovery_config(inputs.local.id, &servers) {
-        Ok(discovery) => {
-            let bytes = discovery.apis.get().len()
-                + discovery.api.get().len()
-                + discovery
-                    .legacy
-                    .values()
-                    .map(|d| d.get().len())
-                    .sum::<usize>();
-            plan.config.discovery = Some(discovery);
-            MergedOutcome::Included { bytes }
-        }
-        Err(e @ MergedDiscoveryError::TooLarge { .. }) => MergedOutcome::Skipped {
-            reason: e.to_string(),
-        },
-        Err(e) => MergedOutcome::Skipped {
-            reason: e.to_string(),
-        },
-    };
-    let mut routed: BTreeSet<String> = BTreeSet::new();
-    for c in &plan.clusters {
-        routed.extend(c.peer_ids.iter().cloned());
-    }
-    let snapshot = Snapshot::from_plan(
-        &plan,
-        &SnapshotInputs {
-            wasm_path: inputs.wasm_path,
-            local: inputs.local.address,
-            peers: &addresses,
-            upstream_tls: inputs.upstream_tls,
-        },
-    )?;
-    Ok(Composition {
-        plan,
-        snapshot,
-        routed: routed.into_iter().collect(),
-        unrouted,
-        merged,
-        served,
-    })
-}
-
-// ---------------------------------------------------------------------------------------------
 // The skew matrix.
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -354,7 +173,7 @@ pub struct SkewMatrix {
 pub fn skew_matrix(
     served: &[(String, ServedApis)],
     plan: &RoutingPlan,
-    shared_storage: &BTreeSet<(String, String)>,
+    shared_storage: &BTreeSet<GroupVersion>,
     complete: bool,
 ) -> SkewMatrix {
     let local = plan.config.local_apiserver.clone();
@@ -391,7 +210,7 @@ pub fn skew_matrix(
         .collect();
     let mut group_versions = Vec::new();
     for ((group, version), resources) in table {
-        let shared = shared_storage.contains(&(group.to_string(), version.to_string()));
+        let shared = shared_storage.contains(&GroupVersion::new(group, version));
         let mut gv_servers: BTreeSet<&str> = BTreeSet::new();
         let mut rows = Vec::new();
         for (resource, servers) in resources {
@@ -442,8 +261,12 @@ pub fn skew_matrix(
 mod tests {
     use super::*;
     use crate::documents::DiscoveryDocuments;
+    use crate::envoy::Address;
     use crate::peers::{AddressSource, Peer as LivePeer};
+    use crate::plan::{plan, ApiserverView, MergedOutcome, Plan, PlanError, PlanInputs};
+    use crate::routing;
     use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
+    use std::path::Path;
     use std::time::SystemTime;
 
     use crate::test_fixtures::{K130, K133};
@@ -665,11 +488,11 @@ mod tests {
 
         fn compose(
             &self,
-            peers: &[ServerView<'_>],
-            shared: &BTreeSet<(String, String)>,
-        ) -> Result<Composition, ComposeError> {
-            compose(&ComposeInputs {
-                local: ServerView {
+            peers: &[ApiserverView<'_>],
+            shared: &BTreeSet<GroupVersion>,
+        ) -> Result<Plan, PlanError> {
+            plan(&PlanInputs {
+                local: ApiserverView {
                     id: "apiserver-a",
                     address: &self.local,
                     documents: Some(&self.a),
@@ -682,9 +505,9 @@ mod tests {
         }
     }
 
-    fn route<'a>(c: &'a Composition, g: &str, v: &str, r: &str) -> Option<&'a str> {
+    fn route<'a>(c: &'a Plan, g: &str, v: &str, r: &str) -> Option<&'a str> {
         let gv = c
-            .plan
+            .routing
             .config
             .group_versions
             .iter()
@@ -701,12 +524,12 @@ mod tests {
     fn composition_routes_only_peers_with_a_view() {
         let w = World::new();
         let none = BTreeSet::new();
-        let b = ServerView {
+        let b = ApiserverView {
             id: "apiserver-b",
             address: &w.b_addr,
             documents: Some(&w.b),
         };
-        let c = ServerView {
+        let c = ApiserverView {
             id: "apiserver-c",
             address: &w.c_addr,
             documents: None,
@@ -722,7 +545,7 @@ mod tests {
         );
         assert_eq!(route(&comp, "apps", "v1", "deployments"), Some("local"));
         assert!(matches!(comp.merged, MergedOutcome::Included { bytes } if bytes > 1000));
-        let discovery = comp.plan.config.discovery.as_ref().expect("merged");
+        let discovery = comp.routing.config.discovery.as_ref().expect("merged");
         assert!(discovery.apis.get().contains("\"v1beta2\""));
         // Every cluster in three variants, the filter configuration once.
         let mut want: Vec<String> = [LOCAL_CLUSTER, b_cluster.as_str()]
@@ -750,7 +573,7 @@ mod tests {
         );
         assert_eq!(solo.snapshot.clusters.len(), 3);
         let solo_apis = solo
-            .plan
+            .routing
             .config
             .discovery
             .as_ref()
@@ -760,7 +583,7 @@ mod tests {
         assert!(!solo_apis.contains("\"v1beta2\""));
 
         // A peer claiming the local id is never routed to.
-        let imposter = ServerView {
+        let imposter = ApiserverView {
             id: "apiserver-a",
             address: &w.b_addr,
             documents: Some(&w.b),
@@ -773,16 +596,16 @@ mod tests {
     #[test]
     fn shared_storage_stays_local_and_no_local_view_means_nothing() {
         let w = World::new();
-        let b = ServerView {
+        let b = ApiserverView {
             id: "apiserver-b",
             address: &w.b_addr,
             documents: Some(&w.b),
         };
-        let shared: BTreeSet<(String, String)> =
-            [("resource.k8s.io".to_string(), "v1beta2".to_string())].into();
+        let shared: BTreeSet<GroupVersion> =
+            [GroupVersion::new("resource.k8s.io", "v1beta2")].into();
         let comp = w.compose(&[b], &shared).expect("composes");
         let gv = comp
-            .plan
+            .routing
             .config
             .group_versions
             .iter()
@@ -790,8 +613,8 @@ mod tests {
             .expect("listed");
         assert!(gv.shared_storage && gv.resources.is_empty());
 
-        let err = compose(&ComposeInputs {
-            local: ServerView {
+        let err = plan(&PlanInputs {
+            local: ApiserverView {
                 id: "apiserver-a",
                 address: &w.local,
                 documents: None,
@@ -801,20 +624,20 @@ mod tests {
             wasm_path: Path::new("/opt/skewgate.wasm"),
             upstream_tls: None,
         });
-        assert!(matches!(err, Err(ComposeError::NoLocalDiscovery)));
+        assert!(matches!(err, Err(PlanError::NoLocalDiscovery)));
     }
 
     #[test]
     fn the_skew_matrix_lists_what_differs_and_where_it_goes() {
         let w = World::new();
-        let b = ServerView {
+        let b = ApiserverView {
             id: "apiserver-b",
             address: &w.b_addr,
             documents: Some(&w.b),
         };
         let none = BTreeSet::new();
         let comp = w.compose(&[b], &none).expect("composes");
-        let m = skew_matrix(&comp.served, &comp.plan, &none, false);
+        let m = skew_matrix(&comp.served, &comp.routing, &none, false);
         assert_eq!(m.local, "apiserver-a");
         assert_eq!(m.apiservers, vec!["apiserver-a", "apiserver-b"]);
         let find = |g: &str, v: &str| {
@@ -839,7 +662,7 @@ mod tests {
         let core = find("", "v1").expect("core differs");
         assert!(core.resources.iter().any(|r| r.resource == "pods/resize"));
 
-        let all = skew_matrix(&comp.served, &comp.plan, &none, true);
+        let all = skew_matrix(&comp.served, &comp.routing, &none, true);
         let apps = all
             .group_versions
             .iter()

@@ -12,7 +12,10 @@ use serde::Serialize;
 use crate::discovery::ServedApis;
 use crate::routing::RoutingPlan;
 
-use super::state::{skew_matrix, Unrouted};
+use skewgate_core::group_version::GroupVersion;
+
+use super::state::skew_matrix;
+use crate::plan::Unrouted;
 
 /// The orchestrator's counters and gauges.
 #[derive(Debug, Default)]
@@ -155,7 +158,7 @@ pub struct View {
     pub published_at: SystemTime,
     pub served: Vec<(String, ServedApis)>,
     pub plan: RoutingPlan,
-    pub shared_storage: BTreeSet<(String, String)>,
+    pub shared_storage: BTreeSet<GroupVersion>,
     pub unrouted: Vec<Unrouted>,
     pub merged_discovery: String,
 }
@@ -243,7 +246,7 @@ impl Status {
             "apiservers": s.apiservers,
             "unrouted_peers": v.unrouted,
             "excluded_leases": s.excluded,
-            "shared_storage": v.shared_storage.iter().map(|(g, v)| format!("{g}/{v}")).collect::<Vec<_>>(),
+            "shared_storage": v.shared_storage.iter().map(GroupVersion::to_string).collect::<Vec<_>>(),
             "matrix": matrix,
         })
     }

@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use super::error::SetupError;
 
-/// The TLS server name apiservers are verified with (upstream's peer proxy does the same).
-pub const PEER_TLS_SERVER_NAME: &str = "kubernetes.default.svc";
+use crate::envoy::APISERVER_TLS_NAME;
 
 /// The base configuration every apiserver's client is made from.
 #[derive(Clone)]
@@ -44,7 +43,7 @@ impl ClientTemplate {
         ClientTemplate {
             base,
             peer_ca: None,
-            tls_server_name: PEER_TLS_SERVER_NAME.to_string(),
+            tls_server_name: APISERVER_TLS_NAME.to_string(),
         }
     }
 
@@ -101,7 +100,7 @@ impl ClientTemplate {
         self.with_peer_ca_pem(&text, &path.display().to_string())
     }
 
-    /// Another TLS server name than [`PEER_TLS_SERVER_NAME`].
+    /// Another TLS server name than [`APISERVER_TLS_NAME`].
     pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Self {
         self.tls_server_name = name.into();
         self
@@ -180,7 +179,7 @@ mod tests {
         let c = t.config_for("https://10.0.0.2:6443", timeout).unwrap();
         assert_eq!(c.cluster_url.to_string(), "https://10.0.0.2:6443/");
         assert_eq!(c.root_cert, Some(vec![vec![9]]));
-        assert_eq!(c.tls_server_name.as_deref(), Some(PEER_TLS_SERVER_NAME));
+        assert_eq!(c.tls_server_name.as_deref(), Some(APISERVER_TLS_NAME));
         assert!(!c.accept_invalid_certs && !c.default_retry);
         assert_eq!(c.connect_timeout, Some(timeout));
         assert!(c.auth_info.token.is_some(), "credentials are reused");

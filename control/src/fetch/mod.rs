@@ -53,7 +53,7 @@ pub mod metrics;
 pub mod supervisor;
 
 pub use backoff::Backoff;
-pub use client::{https_url, ClientTemplate, PEER_TLS_SERVER_NAME};
+pub use client::{https_url, ClientTemplate};
 pub use content_type::{classify_content_type, DocumentFormat, DISCOVERY_ACCEPT};
 pub use error::{ErrorType, FetchError, GarbageReason, SetupError};
 pub use fetcher::{Answer, DiscoveryFetcher, Document, Etags, FetchConfig, Fetched};

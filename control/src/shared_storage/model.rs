@@ -16,8 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 
-/// A (group, version) pair.
-pub type GroupVersion = (String, String);
+pub use skewgate_core::group_version::GroupVersion;
 
 /// The group-versions one CRD makes shared: each served version of its group.
 pub fn crd_group_versions(crd: &CustomResourceDefinition) -> Vec<GroupVersion> {
@@ -30,7 +29,7 @@ pub fn crd_group_versions(crd: &CustomResourceDefinition) -> Vec<GroupVersion> {
         .versions
         .iter()
         .filter(|v| v.served && !v.name.trim().is_empty())
-        .map(|v| (group.to_string(), v.name.trim().to_string()))
+        .map(|v| GroupVersion::new(group, v.name.trim()))
         .collect();
     out.sort();
     out.dedup();
@@ -47,7 +46,7 @@ pub fn apiservice_group_version(apiservice: &APIService) -> Option<GroupVersion>
     if group.is_empty() || version.is_empty() {
         return None;
     }
-    Some((group.to_string(), version.to_string()))
+    Some(GroupVersion::new(group, version))
 }
 
 /// Which of the two watched kinds an event is about.
@@ -190,7 +189,7 @@ mod tests {
     }
 
     fn gv(g: &str, v: &str) -> GroupVersion {
-        (g.to_string(), v.to_string())
+        GroupVersion::new(g, v)
     }
 
     #[test]

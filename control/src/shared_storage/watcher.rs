@@ -172,12 +172,12 @@ async fn run(client: Client, metrics: Arc<SharedStorageMetrics>, tx: watch::Send
                 let added: Vec<String> = new
                     .group_versions
                     .difference(&current.group_versions)
-                    .map(|(g, v)| format!("{g}/{v}"))
+                    .map(GroupVersion::to_string)
                     .collect();
                 let removed: Vec<String> = current
                     .group_versions
                     .difference(&new.group_versions)
-                    .map(|(g, v)| format!("{g}/{v}"))
+                    .map(GroupVersion::to_string)
                     .collect();
                 info!(?added, ?removed, "shared-storage group-versions changed");
             }

@@ -26,7 +26,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
 };
 
-use super::resources::{Snapshot, Versioned};
+use super::snapshot::{Snapshot, Versioned};
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
 
 const WILDCARD: &str = "*";

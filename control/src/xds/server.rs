@@ -28,7 +28,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::delta::{DeltaStream, Received};
 use super::metrics::XdsMetrics;
-use super::resources::Snapshot;
+use super::snapshot::Snapshot;
 use super::XdsError;
 
 /// The snapshots the server serves: `None` until the first complete sync.

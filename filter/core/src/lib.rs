@@ -16,6 +16,7 @@
 
 pub mod config;
 pub mod discovery;
+pub mod group_version;
 pub mod gzip;
 pub mod hygiene;
 pub mod identity;

@@ -1,16 +1,13 @@
-//! Envoy resources from a routing plan: pure functions, no I/O.
+//! The Envoy resources skewgate renders, as protobuf: pure functions, no I/O.
 //!
-//! Every setting mirrors `envoy/static-cluster.yaml` and the filter entry of
-//! `envoy/static-bootstrap.yaml`, where each one is explained; the static and the live mode must
-//! configure Envoy identically (a test below pins the values). Every cluster the filter
-//! configuration names (`skewgate-local` and each peer set) exists three times, once per
-//! [`UpstreamAuth`] variant (`<base>-identity`, `<base>-token`, `<base>-anonymous`), so the three
-//! kinds of traffic never share an upstream connection. Each resource carries a version
-//! that is the SHA-256 of its encoded `Any`: the same plan always gives the same versions,
-//! across restarts of the control plane, which is what lets a reconnecting Envoy (reporting the
-//! versions it holds) be resynced without a push.
+//! Every cluster the filter configuration names (`skewgate-local` and each peer set) exists
+//! three times, once per [`UpstreamAuth`] variant (`<base>-identity`, `<base>-token`,
+//! `<base>-anonymous`), so the three kinds of traffic never share an upstream connection; the
+//! filter configuration is the ECDS resource named like the HTTP filter in
+//! `envoy/bootstrap.yaml`. This is the only place these settings are written: the live mode
+//! serves them over ADS, the static mode writes them to files (`crate::xds::files`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;
 
@@ -45,28 +42,23 @@ use envoy_types::pb::envoy::extensions::wasm::v3::{
     plugin_config::Vm, FailurePolicy, PluginConfig, VmConfig,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
-use envoy_types::pb::google::protobuf::{Any, Duration, StringValue, UInt32Value};
+use envoy_types::pb::google::protobuf::{Duration, StringValue, UInt32Value};
 use envoy_types::util::pack_any;
-use prost::Message;
-use sha2::{Digest, Sha256};
 
 use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
 
-use super::{XdsError, CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL, FILTER_NAME};
-use crate::bootstrap::{Address, UpstreamTls, APISERVER_TLS_NAME};
+use super::{checked_path, Address, EnvoyError, UpstreamTls, APISERVER_TLS_NAME, FILTER_NAME};
 use crate::routing::RoutingPlan;
 
-/// The Wasm VM's id and runtime, as in the static bootstrap.
+/// The Wasm VM's id and runtime.
 pub const VM_ID: &str = "skewgate";
 pub const WASM_RUNTIME: &str = "envoy.wasm.runtime.v8";
 const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
 
-/// What a snapshot needs besides the routing plan (the same inputs as the static bootstrap).
-#[derive(Debug, Clone)]
-pub struct SnapshotInputs<'a> {
-    /// `skewgate_filter.wasm` on the Envoy host (Envoy reads it; it is not sent over xDS).
-    pub wasm_path: &'a Path,
+/// Where the clusters of a routing plan point.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterInputs<'a> {
     /// The apiserver this Envoy fronts.
     pub local: &'a Address,
     /// Address of every peer apiserver by id.
@@ -77,100 +69,11 @@ pub struct SnapshotInputs<'a> {
     pub upstream_tls: Option<&'a UpstreamTls>,
 }
 
-/// One resource with its content-hash version.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Versioned {
-    /// Lowercase hex SHA-256 of the encoded `Any`.
-    pub version: String,
-    pub resource: Any,
-}
-
-impl Versioned {
-    pub fn new(resource: Any) -> Self {
-        Versioned {
-            version: content_hash(&resource.encode_to_vec()),
-            resource,
-        }
-    }
-}
-
-/// Everything one Envoy should hold, by type: a complete, consistent view (the clusters every
-/// filter configuration in it names are in it).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Snapshot {
-    /// CDS: cluster name → cluster.
-    pub clusters: BTreeMap<String, Versioned>,
-    /// ECDS: extension config name → `TypedExtensionConfig`.
-    pub extension_configs: BTreeMap<String, Versioned>,
-}
-
-impl Snapshot {
-    /// A snapshot of exactly these resources.
-    pub fn new(
-        clusters: impl IntoIterator<Item = Cluster>,
-        extension_configs: impl IntoIterator<Item = TypedExtensionConfig>,
-    ) -> Self {
-        Snapshot {
-            clusters: clusters
-                .into_iter()
-                .map(|c| (c.name.clone(), Versioned::new(pack_any(c))))
-                .collect(),
-            extension_configs: extension_configs
-                .into_iter()
-                .map(|e| (e.name.clone(), Versioned::new(pack_any(e))))
-                .collect(),
-        }
-    }
-
-    /// The resources for a routing plan: the three variants of `skewgate-local` and of each
-    /// peer set, and the filter configuration (`plan.config` as JSON).
-    pub fn from_plan(plan: &RoutingPlan, inputs: &SnapshotInputs<'_>) -> Result<Self, XdsError> {
-        let wasm = wasm_path(inputs.wasm_path)?;
-        Ok(Self::new(
-            clusters(plan, inputs)?,
-            [filter_extension_config(wasm, &plan.config.to_json())],
-        ))
-    }
-
-    /// The resources of one type URL; `None` for a type this control plane does not serve.
-    pub fn resources(&self, type_url: &str) -> Option<&BTreeMap<String, Versioned>> {
-        match type_url {
-            CLUSTER_TYPE_URL => Some(&self.clusters),
-            EXTENSION_CONFIG_TYPE_URL => Some(&self.extension_configs),
-            _ => None,
-        }
-    }
-
-    /// A short digest of every (type, name, version): for logs and `system_version_info`.
-    pub fn version(&self) -> String {
-        let mut hasher = Sha256::new();
-        for (type_url, resources) in [
-            (CLUSTER_TYPE_URL, &self.clusters),
-            (EXTENSION_CONFIG_TYPE_URL, &self.extension_configs),
-        ] {
-            for (name, v) in resources {
-                hasher.update(type_url.as_bytes());
-                hasher.update([0]);
-                hasher.update(name.as_bytes());
-                hasher.update([0]);
-                hasher.update(v.version.as_bytes());
-                hasher.update([0]);
-            }
-        }
-        hex(&hasher.finalize()[..8])
-    }
-}
-
-fn wasm_path(path: &Path) -> Result<&str, XdsError> {
-    let wasm = path.to_str().ok_or(XdsError::Unsafe("the wasm path"))?;
-    if wasm.is_empty() || wasm.chars().any(char::is_control) {
-        return Err(XdsError::Unsafe("the wasm path"));
-    }
-    Ok(wasm)
-}
-
 /// The three variants of `skewgate-local`, then those of each peer set of the plan.
-pub fn clusters(plan: &RoutingPlan, inputs: &SnapshotInputs<'_>) -> Result<Vec<Cluster>, XdsError> {
+pub fn clusters(
+    plan: &RoutingPlan,
+    inputs: &ClusterInputs<'_>,
+) -> Result<Vec<Cluster>, EnvoyError> {
     let mut bases: Vec<(&str, Vec<Address>)> = Vec::with_capacity(plan.clusters.len() + 1);
     bases.push((LOCAL_CLUSTER, vec![inputs.local.clone()]));
     for peer_cluster in &plan.clusters {
@@ -183,7 +86,7 @@ pub fn clusters(plan: &RoutingPlan, inputs: &SnapshotInputs<'_>) -> Result<Vec<C
                     .iter()
                     .find(|(peer, _)| peer == id)
                     .map(|(_, address)| address.clone())
-                    .ok_or_else(|| XdsError::UnknownPeer(id.clone()))
+                    .ok_or_else(|| EnvoyError::UnknownPeer(id.clone()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         bases.push((&peer_cluster.name, addresses));
@@ -211,18 +114,16 @@ fn seconds(seconds: i64) -> Option<Duration> {
 }
 
 /// A file Envoy reads (certificates and keys are never sent over xDS, only their paths).
-fn file_source(path: &Path, what: &'static str) -> Result<DataSource, XdsError> {
-    let name = path.to_str().ok_or(XdsError::Unsafe(what))?;
-    if name.is_empty() || name.chars().any(char::is_control) {
-        return Err(XdsError::Unsafe(what));
-    }
+fn file_source(path: &Path, what: &'static str) -> Result<DataSource, EnvoyError> {
     Ok(DataSource {
-        specifier: Some(data_source::Specifier::Filename(name.to_string())),
+        specifier: Some(data_source::Specifier::Filename(
+            checked_path(path, what)?.to_string(),
+        )),
         ..Default::default()
     })
 }
 
-/// The upstream TLS of one cluster variant, as `envoy/static-cluster.yaml` renders it: the
+/// The upstream TLS of one cluster variant: the
 /// apiserver's serving certificate must chain to the peer CA and carry the DNS name
 /// `kubernetes.default.svc` (what upstream's peer proxy verifies; Envoy checks no name unless
 /// told to), SNI is that name, and only `-identity` presents the proxy-client certificate.
@@ -230,7 +131,7 @@ fn file_source(path: &Path, what: &'static str) -> Result<DataSource, XdsError> 
 pub fn upstream_transport_socket(
     tls: &UpstreamTls,
     auth: UpstreamAuth,
-) -> Result<TransportSocket, XdsError> {
+) -> Result<TransportSocket, EnvoyError> {
     let tls_certificates = if auth == UpstreamAuth::ProxyIdentity {
         vec![TlsCertificate {
             certificate_chain: Some(file_source(
@@ -273,14 +174,17 @@ pub fn upstream_transport_socket(
     })
 }
 
-/// One upstream cluster variant: `envoy/static-cluster.yaml` as a resource (the reasons are
-/// there). `-anonymous` speaks HTTP/1.1 only; the others keep the client's protocol.
+/// One upstream cluster variant. `-anonymous` speaks HTTP/1.1 only and has a pool of its own:
+/// kube-apiserver's HTTP/2 DoS mitigation may close a connection after an unauthenticated
+/// request, which would cut every other stream sharing it. The others keep the client's
+/// protocol (HTTP/2 has no Upgrade, so WebSocket and SPDY upgrades arriving over HTTP/1.1 stay
+/// HTTP/1.1 to the apiserver).
 pub fn cluster(
     name: &str,
     addresses: &[Address],
     auth: UpstreamAuth,
     tls: Option<&UpstreamTls>,
-) -> Result<Cluster, XdsError> {
+) -> Result<Cluster, EnvoyError> {
     // All endpoints of one cluster resolve the same way; a mix of names and IPs needs DNS.
     let discovery_type = if addresses.iter().all(|a| a.host.parse::<IpAddr>().is_ok()) {
         DiscoveryType::Static
@@ -389,8 +293,8 @@ pub fn cluster(
     })
 }
 
-/// The filter configuration as the ECDS resource named like the HTTP filter: the Wasm filter
-/// of the static bootstrap, with `configuration` a `google.protobuf.StringValue` holding
+/// The filter configuration as the ECDS resource named like the HTTP filter: the Wasm filter,
+/// with `configuration` a `google.protobuf.StringValue` holding
 /// `configuration_json` (the filter parses and validates it in `on_configure`; a refusal is a
 /// NACK).
 pub fn filter_extension_config(wasm_path: &str, configuration_json: &str) -> TypedExtensionConfig {
@@ -423,17 +327,12 @@ pub fn filter_extension_config(wasm_path: &str, configuration_json: &str) -> Typ
     }
 }
 
-/// Lowercase hex SHA-256.
-pub fn content_hash(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push_str(&format!("{b:02x}"));
+pub(crate) fn wasm_path(path: &Path) -> Result<&str, EnvoyError> {
+    let wasm = path.to_str().ok_or(EnvoyError::Unsafe("the wasm path"))?;
+    if wasm.is_empty() || wasm.chars().any(char::is_control) {
+        return Err(EnvoyError::Unsafe("the wasm path"));
     }
-    out
+    Ok(wasm)
 }
 
 #[cfg(test)]
@@ -443,7 +342,8 @@ mod tests {
     use super::*;
     use crate::discovery::ServedApis;
     use crate::routing::{self, Peer};
-
+    use crate::xds::{Snapshot, SnapshotInputs};
+    use prost::Message;
     fn served(entries: &[(&str, &str, &str)]) -> ServedApis {
         let mut s = ServedApis::new();
         for (g, v, k) in entries {
@@ -503,109 +403,8 @@ mod tests {
         )
     }
 
-    fn versions(m: &BTreeMap<String, Versioned>) -> BTreeMap<String, String> {
-        m.iter()
-            .map(|(k, v)| (k.clone(), v.version.clone()))
-            .collect()
-    }
-
     #[test]
-    fn versions_are_stable_content_hashes() {
-        let world = World::new();
-        let p = plan(&[("x.io", "v1", "widgets")], &[("y.io", "v1", "gadgets")]);
-        let one = world.snapshot(&p);
-        let two = world.snapshot(&p.clone());
-        assert_eq!(one, two);
-        assert_eq!(one.version(), two.version());
-        // skewgate-local plus one cluster per peer set, each in three variants; one filter
-        // configuration.
-        assert_eq!(one.clusters.len(), 9);
-        for auth in UpstreamAuth::ALL {
-            assert!(one.clusters.contains_key(&auth.cluster(LOCAL_CLUSTER)));
-        }
-        assert_eq!(
-            one.extension_configs.keys().collect::<Vec<_>>(),
-            vec![FILTER_NAME]
-        );
-        for v in one.clusters.values().chain(one.extension_configs.values()) {
-            assert_eq!(v.version, content_hash(&v.resource.encode_to_vec()));
-            assert_eq!(v.version.len(), 64);
-            assert!(v.version.bytes().all(|b| b.is_ascii_hexdigit()));
-        }
-        // Pinned: a change here changes what every running Envoy holds (harmless, but it
-        // should be deliberate).
-        let local = &one.clusters[&UpstreamAuth::Token.cluster(LOCAL_CLUSTER)];
-        assert_eq!(local.resource.type_url, CLUSTER_TYPE_URL);
-        assert_eq!(
-            one.extension_configs[FILTER_NAME].resource.type_url,
-            EXTENSION_CONFIG_TYPE_URL
-        );
-    }
-
-    #[test]
-    fn a_changed_plan_changes_exactly_the_affected_versions() {
-        let world = World::new();
-        let before = world.snapshot(&plan(
-            &[("x.io", "v1", "widgets")],
-            &[("y.io", "v1", "gadgets")],
-        ));
-
-        // c serves one more resource: the filter configuration changes, no cluster does.
-        let more = world.snapshot(&plan(
-            &[("x.io", "v1", "widgets")],
-            &[("y.io", "v1", "gadgets"), ("y.io", "v1", "doohickeys")],
-        ));
-        assert_eq!(versions(&more.clusters), versions(&before.clusters));
-        assert_ne!(
-            more.extension_configs[FILTER_NAME].version,
-            before.extension_configs[FILTER_NAME].version
-        );
-
-        // c moves: only c's cluster changes (the filter configuration names clusters, not
-        // addresses).
-        let mut moved = World::new();
-        moved.peers[1].1 = addr("10.0.0.33:6444");
-        let after = moved.snapshot(&plan(
-            &[("x.io", "v1", "widgets")],
-            &[("y.io", "v1", "gadgets")],
-        ));
-        let c = routing::peer_cluster_name(&["c"]);
-        let changed: Vec<&String> = before
-            .clusters
-            .iter()
-            .filter(|(name, v)| after.clusters[*name].version != v.version)
-            .map(|(name, _)| name)
-            .collect();
-        let c_variants: Vec<String> = UpstreamAuth::ALL.iter().map(|a| a.cluster(&c)).collect();
-        let mut want: Vec<&String> = c_variants.iter().collect();
-        want.sort();
-        assert_eq!(changed, want);
-        assert_eq!(
-            after.extension_configs[FILTER_NAME].version,
-            before.extension_configs[FILTER_NAME].version
-        );
-
-        // b and c serve the same thing: their two clusters become one shared cluster.
-        let shared = world.snapshot(&plan(
-            &[("x.io", "v1", "widgets")],
-            &[("x.io", "v1", "widgets")],
-        ));
-        let bc = routing::peer_cluster_name(&["b", "c"]);
-        let mut want: Vec<String> = [LOCAL_CLUSTER, bc.as_str()]
-            .iter()
-            .flat_map(|base| UpstreamAuth::ALL.iter().map(|a| a.cluster(base)))
-            .collect();
-        want.sort();
-        assert_eq!(shared.clusters.keys().cloned().collect::<Vec<_>>(), want);
-        let local = UpstreamAuth::ProxyIdentity.cluster(LOCAL_CLUSTER);
-        assert_eq!(
-            shared.clusters[&local].version,
-            before.clusters[&local].version
-        );
-    }
-
-    #[test]
-    fn resources_match_the_static_configuration() {
+    fn resources_carry_the_documented_settings() {
         let world = World::new();
         let p = plan(&[("x.io", "v1", "widgets")], &[]);
         let snap = world.snapshot(&p);
@@ -816,7 +615,7 @@ mod tests {
         };
         assert!(matches!(
             upstream_transport_socket(&bad, UpstreamAuth::Token),
-            Err(XdsError::Unsafe(_))
+            Err(EnvoyError::Unsafe(_))
         ));
     }
 
@@ -833,7 +632,7 @@ mod tests {
         };
         assert!(matches!(
             Snapshot::from_plan(&p, &inputs),
-            Err(XdsError::UnknownPeer(id)) if id == "nobody"
+            Err(EnvoyError::UnknownPeer(id)) if id == "nobody"
         ));
         let p = plan(&[], &[]);
         let inputs = SnapshotInputs {
@@ -842,7 +641,7 @@ mod tests {
         };
         assert!(matches!(
             Snapshot::from_plan(&p, &inputs),
-            Err(XdsError::Unsafe(_))
+            Err(EnvoyError::Unsafe(_))
         ));
     }
 }

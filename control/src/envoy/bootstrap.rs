@@ -1,28 +1,38 @@
-//! Renders `envoy/dynamic-bootstrap.yaml`, the Envoy bootstrap of the live mode.
+//! Renders `envoy/bootstrap.yaml`, the one Envoy bootstrap of both modes.
 //!
 //! The template carries every Envoy setting with the reason for it; this module only fills in
-//! the listener (and its TLS), admin and control-plane addresses, the node id and the short
-//! request timeout. Clusters and the filter configuration are not in the bootstrap: they come
-//! over ADS (`skewgate-control run`).
+//! the listener (and its TLS), the admin address, the node id, the short request timeout, the
+//! optional peer port, and where the clusters and the filter configuration come from
+//! ([`ConfigSource`]: the control plane's ADS stream, or files beside the bootstrap).
 
 use std::path::Path;
 use std::time::Duration;
 
-use super::XdsError;
-use crate::bootstrap::{Address, ServingTls, REQUEST_TIMEOUT_MARGIN};
+use super::{checked_path, Address, EnvoyError, ServingTls, REQUEST_TIMEOUT_MARGIN};
 
-const TEMPLATE: &str = include_str!("../../../envoy/dynamic-bootstrap.yaml");
+const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");
 
-/// What the live-mode bootstrap needs.
+/// Where Envoy gets its clusters (CDS) and the filter configuration (ECDS).
+#[derive(Debug, Clone, Copy)]
+pub enum ConfigSource<'a> {
+    /// The live mode: one delta ADS stream from the control plane at this address (loopback,
+    /// beside Envoy).
+    Ads { xds: &'a Address },
+    /// The static mode: files in this directory ([`crate::xds::files`]), which Envoy reads at
+    /// start and re-reads when they are replaced.
+    Files { dir: &'a Path },
+}
+
+/// What the bootstrap needs.
 #[derive(Debug, Clone)]
-pub struct DynamicBootstrap<'a> {
+pub struct Bootstrap<'a> {
     pub listen: &'a Address,
     pub admin_port: u16,
-    /// Where the control plane serves ADS (loopback, beside Envoy).
-    pub xds: &'a Address,
+    pub config_source: ConfigSource<'a>,
     /// This Envoy's node id (for the control plane's logs).
     pub node_id: &'a str,
-    /// The apiservers' `--request-timeout` (see [`crate::bootstrap::StaticBootstrap`]).
+    /// The apiservers' `--request-timeout`: Envoy bounds non-long-running requests by
+    /// [`REQUEST_TIMEOUT_MARGIN`] more.
     pub request_timeout: Duration,
     /// TLS for clients; `None` serves plaintext (tests and demos on loopback only).
     pub serving: Option<&'a ServingTls>,
@@ -31,7 +41,7 @@ pub struct DynamicBootstrap<'a> {
 }
 
 /// The peer port: TLS passed through at L4 to the apiserver this Envoy fronts, so peers reach
-/// the apiserver itself (DESIGN.md "Deployment topology").
+/// the apiserver itself (docs/ARCHITECTURE.md "Deployment topology").
 #[derive(Debug, Clone, Copy)]
 pub struct PeerPassthrough<'a> {
     /// Where Envoy listens for peers (the peer-advertise address).
@@ -58,17 +68,13 @@ fn section(template: &str, name: &str, keep: bool) -> String {
     out
 }
 
-fn file(path: &Path, what: &'static str) -> Result<serde_json::Value, XdsError> {
-    let name = path.to_str().ok_or(XdsError::Unsafe(what))?;
-    if name.is_empty() || name.chars().any(char::is_control) {
-        return Err(XdsError::Unsafe(what));
-    }
-    Ok(serde_json::json!({ "filename": name }))
+fn file(path: &Path, what: &'static str) -> Result<serde_json::Value, EnvoyError> {
+    Ok(serde_json::json!({ "filename": checked_path(path, what)? }))
 }
 
-/// The filter chain's name and `transport_socket`, as YAML: the same settings as the static
-/// bootstrap's (`crate::bootstrap`), in one line of JSON flow.
-fn downstream_tls(serving: Option<&ServingTls>) -> Result<String, XdsError> {
+/// The filter chain's name and `transport_socket`, as YAML (the socket in one line of JSON
+/// flow).
+fn downstream_tls(serving: Option<&ServingTls>) -> Result<String, EnvoyError> {
     let Some(tls) = serving else {
         return Ok("name: plaintext".to_string());
     };
@@ -87,6 +93,8 @@ fn downstream_tls(serving: Option<&ServingTls>) -> Result<String, XdsError> {
         "name": "envoy.transport_sockets.tls",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+            // Optional, as on kube-apiserver: token and anonymous clients present none. A
+            // certificate that is presented must verify, or the handshake fails.
             "require_client_certificate": false,
             "common_tls_context": common,
         }
@@ -94,8 +102,22 @@ fn downstream_tls(serving: Option<&ServingTls>) -> Result<String, XdsError> {
     Ok(format!("name: tls\n      transport_socket: {socket}"))
 }
 
-impl DynamicBootstrap<'_> {
-    pub fn render(&self) -> Result<String, XdsError> {
+/// A config source in YAML flow: ADS, or one file of `dir`.
+fn config_source(source: ConfigSource<'_>, file: &str) -> Result<String, EnvoyError> {
+    Ok(match source {
+        ConfigSource::Ads { .. } => "ads: {}".to_string(),
+        ConfigSource::Files { dir } => {
+            let path = checked_path(dir, "the configuration directory")?;
+            format!(
+                "path_config_source: {}",
+                serde_json::json!({ "path": format!("{}/{file}", path.trim_end_matches('/')) })
+            )
+        }
+    })
+}
+
+impl Bootstrap<'_> {
+    pub fn render(&self) -> Result<String, EnvoyError> {
         let node_ok = !self.node_id.is_empty()
             && self.node_id.len() <= 253
             && self
@@ -103,12 +125,17 @@ impl DynamicBootstrap<'_> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':'));
         if !node_ok {
-            return Err(XdsError::Unsafe("the node id"));
+            return Err(EnvoyError::Unsafe("the node id"));
         }
         let downstream_tls = downstream_tls(self.serving)?;
         let mut template = section(TEMPLATE, "peer_listener", self.peer.is_some());
+        template = section(
+            &template,
+            "ads",
+            matches!(self.config_source, ConfigSource::Ads { .. }),
+        );
         if let Some(peer) = &self.peer {
-            let discovery_type = if peer.apiserver.host.parse::<std::net::IpAddr>().is_ok() {
+            let discovery_type = if peer.apiserver.is_ip() {
                 "STATIC"
             } else {
                 "STRICT_DNS"
@@ -120,14 +147,25 @@ impl DynamicBootstrap<'_> {
                 .replace("{{apiserver_port}}", &peer.apiserver.port.to_string())
                 .replace("{{apiserver_discovery_type}}", discovery_type);
         }
+        if let ConfigSource::Ads { xds } = self.config_source {
+            template = template
+                .replace("{{xds_address}}", &quoted_host(xds))
+                .replace("{{xds_port}}", &xds.port.to_string());
+        }
         Ok(template
             .replace("{{downstream_tls}}", &downstream_tls)
             .replace("{{node_id}}", &format!("\"{}\"", self.node_id))
             .replace("{{admin_port}}", &self.admin_port.to_string())
             .replace("{{listen_address}}", &quoted_host(self.listen))
             .replace("{{listen_port}}", &self.listen.port.to_string())
-            .replace("{{xds_address}}", &quoted_host(self.xds))
-            .replace("{{xds_port}}", &self.xds.port.to_string())
+            .replace(
+                "{{clusters_config_source}}",
+                &config_source(self.config_source, crate::xds::files::CLUSTERS_FILE)?,
+            )
+            .replace(
+                "{{filter_config_source}}",
+                &config_source(self.config_source, crate::xds::files::FILTER_FILE)?,
+            )
             .replace(
                 "{{short_request_timeout}}",
                 &format!(
@@ -151,10 +189,10 @@ mod tests {
     fn renders_every_placeholder() {
         let listen = Address::parse_listen("10.0.0.11:6443").expect("listen");
         let xds = Address::parse("127.0.0.1:18000").expect("xds");
-        let yaml = DynamicBootstrap {
+        let yaml = Bootstrap {
             listen: &listen,
             admin_port: 9901,
-            xds: &xds,
+            config_source: ConfigSource::Ads { xds: &xds },
             node_id: "apiserver-a",
             request_timeout: Duration::from_secs(60),
             serving: None,
@@ -193,13 +231,47 @@ mod tests {
     }
 
     #[test]
+    fn the_static_mode_reads_the_same_resources_from_files() {
+        let listen = Address::parse_listen("127.0.0.1:0").expect("listen");
+        let render = |dir: &str| {
+            Bootstrap {
+                listen: &listen,
+                admin_port: 0,
+                config_source: ConfigSource::Files {
+                    dir: Path::new(dir),
+                },
+                node_id: "skewgate-static",
+                request_timeout: Duration::from_secs(60),
+                serving: None,
+                peer: None,
+            }
+            .render()
+        };
+        let yaml = render("/var/lib/skewgate/").expect("renders");
+        assert!(!yaml.replace("{{...}}", "").contains("{{"), "{yaml}");
+        assert!(
+            yaml.contains(r#"path_config_source: {"path":"/var/lib/skewgate/clusters.pb"}"#),
+            "{yaml}"
+        );
+        assert!(
+            yaml.contains(r#"path_config_source: {"path":"/var/lib/skewgate/filter.pb"}"#),
+            "{yaml}"
+        );
+        // No control plane: no ADS stream, no cluster for it, nothing else differs.
+        assert!(!yaml.contains("ads_config") && !yaml.contains("ads: {}"));
+        assert!(!yaml.contains("name: skewgate-control"));
+        assert!(yaml.contains("initial_fetch_timeout: 0s"));
+        assert!(matches!(render("/a\nb"), Err(EnvoyError::Unsafe(_))));
+    }
+
+    #[test]
     fn refuses_unsafe_node_ids() {
         let a = Address::parse("127.0.0.1:1").expect("address");
         for bad in ["", "a b", "a\"b", "a\nb"] {
-            let r = DynamicBootstrap {
+            let r = Bootstrap {
                 listen: &a,
                 admin_port: 0,
-                xds: &a,
+                config_source: ConfigSource::Ads { xds: &a },
                 node_id: bad,
                 request_timeout: Duration::from_secs(60),
                 serving: None,
@@ -220,10 +292,10 @@ mod tests {
             client_ca_file: Some("/etc/kubernetes/pki/ca.crt".into()),
         };
         let render = |serving: &ServingTls| {
-            DynamicBootstrap {
+            Bootstrap {
                 listen: &listen,
                 admin_port: 9901,
-                xds: &xds,
+                config_source: ConfigSource::Ads { xds: &xds },
                 node_id: "apiserver-a",
                 request_timeout: Duration::from_secs(60),
                 serving: Some(serving),
@@ -264,7 +336,7 @@ mod tests {
         assert!(!yaml.contains("validation_context"));
 
         serving.key_file = "/etc/key\n".into();
-        assert!(matches!(render(&serving), Err(XdsError::Unsafe(_))));
+        assert!(matches!(render(&serving), Err(EnvoyError::Unsafe(_))));
     }
 
     #[test]
@@ -273,10 +345,10 @@ mod tests {
         let peer_listen = Address::parse_listen("10.0.0.11:6444").expect("peer");
         let apiserver = Address::parse("127.0.0.1:6443").expect("apiserver");
         let xds = Address::parse("127.0.0.1:18000").expect("xds");
-        let yaml = DynamicBootstrap {
+        let yaml = Bootstrap {
             listen: &listen,
             admin_port: 9901,
-            xds: &xds,
+            config_source: ConfigSource::Ads { xds: &xds },
             node_id: "cp-1",
             request_timeout: Duration::from_secs(60),
             serving: None,

@@ -1,0 +1,139 @@
+//! The static mode's delivery: a [`Snapshot`] written as files Envoy reads itself
+//! (filesystem xDS subscriptions, `path_config_source` in `envoy/bootstrap.yaml`).
+//!
+//! Each file holds one binary `DiscoveryResponse` (Envoy picks the format by the `.pb`
+//! extension) with exactly the resources the live mode serves over ADS, so the static and the
+//! live mode configure Envoy identically by construction. Files are replaced atomically
+//! (written beside, then renamed): Envoy watches the directory and reloads on the rename,
+//! and never sees half a file.
+
+use std::io;
+use std::path::Path;
+
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+use prost::Message;
+
+use super::snapshot::{Snapshot, Versioned};
+use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
+
+/// The clusters (CDS).
+pub const CLUSTERS_FILE: &str = "clusters.pb";
+/// The filter configuration (ECDS).
+pub const FILTER_FILE: &str = "filter.pb";
+
+fn response(
+    snapshot: &Snapshot,
+    type_url: &str,
+    resources: &std::collections::BTreeMap<String, Versioned>,
+) -> DiscoveryResponse {
+    DiscoveryResponse {
+        version_info: snapshot.version(),
+        type_url: type_url.to_string(),
+        resources: resources.values().map(|v| v.resource.clone()).collect(),
+        ..Default::default()
+    }
+}
+
+fn replace(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, dir.join(name))
+}
+
+/// Write `snapshot` into `dir` (which must exist). The clusters go first: a filter
+/// configuration must never name a cluster Envoy could not have.
+pub fn write(dir: &Path, snapshot: &Snapshot) -> io::Result<()> {
+    replace(
+        dir,
+        CLUSTERS_FILE,
+        &response(snapshot, CLUSTER_TYPE_URL, &snapshot.clusters).encode_to_vec(),
+    )?;
+    replace(
+        dir,
+        FILTER_FILE,
+        &response(
+            snapshot,
+            EXTENSION_CONFIG_TYPE_URL,
+            &snapshot.extension_configs,
+        )
+        .encode_to_vec(),
+    )
+}
+
+/// Read back what [`write`] wrote.
+pub fn read(dir: &Path) -> io::Result<Snapshot> {
+    let decode = |name: &str, type_url: &str| -> io::Result<Vec<Versioned>> {
+        let bytes = std::fs::read(dir.join(name))?;
+        let response = DiscoveryResponse::decode(bytes.as_slice())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if response.type_url != type_url {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{name} holds {}, not {type_url}", response.type_url),
+            ));
+        }
+        Ok(response.resources.into_iter().map(Versioned::new).collect())
+    };
+    Ok(Snapshot::from_versioned(
+        decode(CLUSTERS_FILE, CLUSTER_TYPE_URL)?,
+        decode(FILTER_FILE, EXTENSION_CONFIG_TYPE_URL)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    use super::*;
+    use crate::discovery::ServedApis;
+    use crate::envoy::Address;
+    use crate::routing::{self, Peer};
+    use crate::xds::SnapshotInputs;
+
+    #[test]
+    fn the_files_hold_exactly_the_snapshot() {
+        let mut served = ServedApis::new();
+        served.add_resource("x.io", "v1", "widgets").expect("valid");
+        let plan = routing::build(
+            &ServedApis::new(),
+            "a",
+            &[Peer {
+                id: "b".into(),
+                served,
+            }],
+            &BTreeSet::new(),
+        );
+        let local = Address::parse("127.0.0.1:6443").expect("address");
+        let peers = [(
+            "b".to_string(),
+            Address::parse("10.0.0.2:6444").expect("address"),
+        )];
+        let snapshot = Snapshot::from_plan(
+            &plan,
+            &SnapshotInputs {
+                wasm_path: Path::new("/opt/skewgate.wasm"),
+                local: &local,
+                peers: &peers,
+                upstream_tls: None,
+            },
+        )
+        .expect("snapshot");
+        let dir = std::env::temp_dir().join(format!("skewgate-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        write(&dir, &snapshot).expect("write");
+        let back = read(&dir).expect("read");
+        assert_eq!(back, snapshot);
+        assert_eq!(back.version(), snapshot.version());
+        // Nothing half-written is left behind.
+        let names: BTreeSet<String> = std::fs::read_dir(&dir)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            BTreeSet::from([CLUSTERS_FILE.to_string(), FILTER_FILE.to_string()])
+        );
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}

@@ -1,0 +1,333 @@
+//! One Envoy's complete configuration as xDS resources with content-hash versions: built once
+//! from a routing plan, then served by the delta ADS server or written to files.
+//!
+//! Each resource carries a version that is the SHA-256 of its encoded `Any`: the same plan
+//! always gives the same versions, across restarts of the control plane, which is what lets a
+//! reconnecting Envoy (reporting the versions it holds) be resynced without a push.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::util::pack_any;
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
+use crate::envoy::resources::{clusters, filter_extension_config, wasm_path, ClusterInputs};
+use crate::envoy::{Address, EnvoyError, UpstreamTls};
+use crate::routing::RoutingPlan;
+
+/// What a snapshot needs besides the routing plan.
+#[derive(Debug, Clone)]
+pub struct SnapshotInputs<'a> {
+    /// `skewgate_filter.wasm` on the Envoy host (Envoy reads it; it is not sent over xDS).
+    pub wasm_path: &'a Path,
+    /// The apiserver this Envoy fronts.
+    pub local: &'a Address,
+    /// Address of every peer apiserver by id.
+    pub peers: &'a [(String, Address)],
+    /// TLS to the apiservers (the peer CA, verified with the name `kubernetes.default.svc`;
+    /// the proxy-client certificate on `-identity` clusters). `None`: plaintext, for tests and
+    /// demos on loopback only.
+    pub upstream_tls: Option<&'a UpstreamTls>,
+}
+
+/// One resource with its content-hash version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versioned {
+    /// Lowercase hex SHA-256 of the encoded `Any`.
+    pub version: String,
+    pub resource: Any,
+}
+
+impl Versioned {
+    pub fn new(resource: Any) -> Self {
+        Versioned {
+            version: content_hash(&resource.encode_to_vec()),
+            resource,
+        }
+    }
+}
+
+/// Everything one Envoy should hold, by type: a complete, consistent view (the clusters every
+/// filter configuration in it names are in it).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// CDS: cluster name → cluster.
+    pub clusters: BTreeMap<String, Versioned>,
+    /// ECDS: extension config name → `TypedExtensionConfig`.
+    pub extension_configs: BTreeMap<String, Versioned>,
+}
+
+impl Snapshot {
+    /// A snapshot of exactly these resources.
+    pub fn new(
+        clusters: impl IntoIterator<Item = Cluster>,
+        extension_configs: impl IntoIterator<Item = TypedExtensionConfig>,
+    ) -> Self {
+        Snapshot {
+            clusters: clusters
+                .into_iter()
+                .map(|c| (c.name.clone(), Versioned::new(pack_any(c))))
+                .collect(),
+            extension_configs: extension_configs
+                .into_iter()
+                .map(|e| (e.name.clone(), Versioned::new(pack_any(e))))
+                .collect(),
+        }
+    }
+
+    /// A snapshot of resources that already carry their versions.
+    pub fn from_versioned(
+        clusters: impl IntoIterator<Item = Versioned>,
+        extension_configs: impl IntoIterator<Item = Versioned>,
+    ) -> Self {
+        let by_name = |v: Versioned| -> Option<(String, Versioned)> {
+            let name = match v.resource.type_url.as_str() {
+                CLUSTER_TYPE_URL => Cluster::decode(v.resource.value.as_slice()).ok()?.name,
+                _ => {
+                    TypedExtensionConfig::decode(v.resource.value.as_slice())
+                        .ok()?
+                        .name
+                }
+            };
+            Some((name, v))
+        };
+        Snapshot {
+            clusters: clusters.into_iter().filter_map(by_name).collect(),
+            extension_configs: extension_configs.into_iter().filter_map(by_name).collect(),
+        }
+    }
+
+    /// The resources for a routing plan: the three variants of `skewgate-local` and of each
+    /// peer set, and the filter configuration (`plan.config` as JSON).
+    pub fn from_plan(plan: &RoutingPlan, inputs: &SnapshotInputs<'_>) -> Result<Self, EnvoyError> {
+        let wasm = wasm_path(inputs.wasm_path)?;
+        Ok(Self::new(
+            clusters(
+                plan,
+                &ClusterInputs {
+                    local: inputs.local,
+                    peers: inputs.peers,
+                    upstream_tls: inputs.upstream_tls,
+                },
+            )?,
+            [filter_extension_config(wasm, &plan.config.to_json())],
+        ))
+    }
+
+    /// The resources of one type URL; `None` for a type this control plane does not serve.
+    pub fn resources(&self, type_url: &str) -> Option<&BTreeMap<String, Versioned>> {
+        match type_url {
+            CLUSTER_TYPE_URL => Some(&self.clusters),
+            EXTENSION_CONFIG_TYPE_URL => Some(&self.extension_configs),
+            _ => None,
+        }
+    }
+
+    /// A short digest of every (type, name, version): for logs and `system_version_info`.
+    pub fn version(&self) -> String {
+        let mut hasher = Sha256::new();
+        for (type_url, resources) in [
+            (CLUSTER_TYPE_URL, &self.clusters),
+            (EXTENSION_CONFIG_TYPE_URL, &self.extension_configs),
+        ] {
+            for (name, v) in resources {
+                hasher.update(type_url.as_bytes());
+                hasher.update([0]);
+                hasher.update(name.as_bytes());
+                hasher.update([0]);
+                hasher.update(v.version.as_bytes());
+                hasher.update([0]);
+            }
+        }
+        hex(&hasher.finalize()[..8])
+    }
+}
+
+/// Lowercase hex SHA-256.
+pub fn content_hash(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
+
+    use super::*;
+    use crate::discovery::ServedApis;
+    use crate::envoy::FILTER_NAME;
+    use crate::routing::{self, Peer};
+    fn served(entries: &[(&str, &str, &str)]) -> ServedApis {
+        let mut s = ServedApis::new();
+        for (g, v, k) in entries {
+            s.add_resource(g, v, k).expect("valid");
+        }
+        s
+    }
+
+    fn addr(s: &str) -> Address {
+        Address::parse(s).expect("address")
+    }
+
+    struct World {
+        local: Address,
+        peers: Vec<(String, Address)>,
+    }
+
+    impl World {
+        fn new() -> Self {
+            World {
+                local: addr("127.0.0.1:6443"),
+                peers: vec![
+                    ("b".to_string(), addr("10.0.0.2:6444")),
+                    ("c".to_string(), addr("10.0.0.3:6444")),
+                ],
+            }
+        }
+        fn snapshot(&self, plan: &RoutingPlan) -> Snapshot {
+            Snapshot::from_plan(
+                plan,
+                &SnapshotInputs {
+                    wasm_path: Path::new("/opt/skewgate.wasm"),
+                    local: &self.local,
+                    peers: &self.peers,
+                    upstream_tls: None,
+                },
+            )
+            .expect("snapshot")
+        }
+    }
+
+    fn plan(b: &[(&str, &str, &str)], c: &[(&str, &str, &str)]) -> RoutingPlan {
+        routing::build(
+            &served(&[("apps", "v1", "deployments")]),
+            "a",
+            &[
+                Peer {
+                    id: "b".into(),
+                    served: served(b),
+                },
+                Peer {
+                    id: "c".into(),
+                    served: served(c),
+                },
+            ],
+            &BTreeSet::new(),
+        )
+    }
+
+    fn versions(m: &BTreeMap<String, Versioned>) -> BTreeMap<String, String> {
+        m.iter()
+            .map(|(k, v)| (k.clone(), v.version.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn versions_are_stable_content_hashes() {
+        let world = World::new();
+        let p = plan(&[("x.io", "v1", "widgets")], &[("y.io", "v1", "gadgets")]);
+        let one = world.snapshot(&p);
+        let two = world.snapshot(&p.clone());
+        assert_eq!(one, two);
+        assert_eq!(one.version(), two.version());
+        // skewgate-local plus one cluster per peer set, each in three variants; one filter
+        // configuration.
+        assert_eq!(one.clusters.len(), 9);
+        for auth in UpstreamAuth::ALL {
+            assert!(one.clusters.contains_key(&auth.cluster(LOCAL_CLUSTER)));
+        }
+        assert_eq!(
+            one.extension_configs.keys().collect::<Vec<_>>(),
+            vec![FILTER_NAME]
+        );
+        for v in one.clusters.values().chain(one.extension_configs.values()) {
+            assert_eq!(v.version, content_hash(&v.resource.encode_to_vec()));
+            assert_eq!(v.version.len(), 64);
+            assert!(v.version.bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+        // Pinned: a change here changes what every running Envoy holds (harmless, but it
+        // should be deliberate).
+        let local = &one.clusters[&UpstreamAuth::Token.cluster(LOCAL_CLUSTER)];
+        assert_eq!(local.resource.type_url, CLUSTER_TYPE_URL);
+        assert_eq!(
+            one.extension_configs[FILTER_NAME].resource.type_url,
+            EXTENSION_CONFIG_TYPE_URL
+        );
+    }
+
+    #[test]
+    fn a_changed_plan_changes_exactly_the_affected_versions() {
+        let world = World::new();
+        let before = world.snapshot(&plan(
+            &[("x.io", "v1", "widgets")],
+            &[("y.io", "v1", "gadgets")],
+        ));
+
+        // c serves one more resource: the filter configuration changes, no cluster does.
+        let more = world.snapshot(&plan(
+            &[("x.io", "v1", "widgets")],
+            &[("y.io", "v1", "gadgets"), ("y.io", "v1", "doohickeys")],
+        ));
+        assert_eq!(versions(&more.clusters), versions(&before.clusters));
+        assert_ne!(
+            more.extension_configs[FILTER_NAME].version,
+            before.extension_configs[FILTER_NAME].version
+        );
+
+        // c moves: only c's cluster changes (the filter configuration names clusters, not
+        // addresses).
+        let mut moved = World::new();
+        moved.peers[1].1 = addr("10.0.0.33:6444");
+        let after = moved.snapshot(&plan(
+            &[("x.io", "v1", "widgets")],
+            &[("y.io", "v1", "gadgets")],
+        ));
+        let c = routing::peer_cluster_name(&["c"]);
+        let changed: Vec<&String> = before
+            .clusters
+            .iter()
+            .filter(|(name, v)| after.clusters[*name].version != v.version)
+            .map(|(name, _)| name)
+            .collect();
+        let c_variants: Vec<String> = UpstreamAuth::ALL.iter().map(|a| a.cluster(&c)).collect();
+        let mut want: Vec<&String> = c_variants.iter().collect();
+        want.sort();
+        assert_eq!(changed, want);
+        assert_eq!(
+            after.extension_configs[FILTER_NAME].version,
+            before.extension_configs[FILTER_NAME].version
+        );
+
+        // b and c serve the same thing: their two clusters become one shared cluster.
+        let shared = world.snapshot(&plan(
+            &[("x.io", "v1", "widgets")],
+            &[("x.io", "v1", "widgets")],
+        ));
+        let bc = routing::peer_cluster_name(&["b", "c"]);
+        let mut want: Vec<String> = [LOCAL_CLUSTER, bc.as_str()]
+            .iter()
+            .flat_map(|base| UpstreamAuth::ALL.iter().map(|a| a.cluster(base)))
+            .collect();
+        want.sort();
+        assert_eq!(shared.clusters.keys().cloned().collect::<Vec<_>>(), want);
+        let local = UpstreamAuth::ProxyIdentity.cluster(LOCAL_CLUSTER);
+        assert_eq!(
+            shared.clusters[&local].version,
+            before.clusters[&local].version
+        );
+    }
+}
