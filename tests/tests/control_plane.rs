@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use skewgate_control::bootstrap::Address;
+use skewgate_control::envoy::Address;
 use skewgate_tests::{
     free_port, header, kubeconfig_tls, kubectl, repo_root, wasm_path, Credential, Envoy, Etcd,
     PeerAdvertise, Probe, SimApiserver, SimOptions, Subject, TestPki, TEST_TOKENS,

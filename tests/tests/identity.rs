@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde_json::{json, Value};
-use skewgate_control::bootstrap::{Address, ServingTls, UpstreamTls};
+use skewgate_control::envoy::{Address, ServingTls, UpstreamTls};
 use skewgate_tests::{
     free_port, header, kubeconfig_tls, kubectl, upgrade_request, watch_until, CertFiles,
     Credential, Envoy, EnvoyOptions, PeerSpec, SimApiserver, SimOptions, Subject, TestPki,

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use skewgate_control::bootstrap::Address;
+use skewgate_control::envoy::bootstrap::{Bootstrap, ConfigSource};
+use skewgate_control::envoy::resources::filter_extension_config;
+use skewgate_control::envoy::{Address, FILTER_NAME};
 use skewgate_control::routing::{self, Peer, RoutingPlan};
-use skewgate_control::xds::bootstrap::DynamicBootstrap;
-use skewgate_control::xds::resources::filter_extension_config;
 use skewgate_control::xds::{
     self, Snapshot, SnapshotInputs, XdsError, XdsMetrics, CLUSTER_TYPE_URL,
     EXTENSION_CONFIG_TYPE_URL,
@@ -89,10 +89,10 @@ impl XdsServer {
 async fn live_envoy(xds: &Address) -> Result<Envoy> {
     // The listener's port is chosen here so that its closed state can be observed.
     let listen = Address::parse(&format!("127.0.0.1:{}", free_port()?))?;
-    let yaml = DynamicBootstrap {
+    let yaml = Bootstrap {
         listen: &listen,
         admin_port: 0,
-        xds,
+        config_source: ConfigSource::Ads { xds },
         node_id: "envoy-apiserver-a",
         request_timeout: DEFAULT_REQUEST_TIMEOUT,
         serving: None,
@@ -253,7 +253,7 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
     eprintln!(
         "(b) first snapshot publish -> first request routed to the peer: {took:?} \
          (filter configuration resource: {} bytes)",
-        good.extension_configs[xds::FILTER_NAME]
+        good.extension_configs[FILTER_NAME]
             .resource
             .value
             .len()

@@ -1,5 +1,5 @@
 //! Shared storage: the group-versions every apiserver serves from the same storage, which are
-//! never routed to a peer (DESIGN.md "Request path", step 6).
+//! never routed to a peer (docs/ARCHITECTURE.md "Request path", step 6).
 //!
 //! Two kube-runtime watchers, on `apiextensions.k8s.io/v1` CustomResourceDefinitions and on
 //! `apiregistration.k8s.io/v1` APIServices, feed a [`Tracker`]; [`SharedStorageWatcher`]
