@@ -17,10 +17,24 @@
 //!   a version's `freshness`, a group's `metadata` and the list's own header all come from the
 //!   earlier server that has the item.
 //! - Order: see [`merge_order_by`]. Groups, resources and subresources break ties lexicographically;
-//!   versions break ties by Kubernetes version priority ([`compare_version_priority`]), because a
-//!   group's first version is its preferred version.
-//! - The result serialises to the same bytes for the same inputs in any order
-//!   ([`merged_etag`] hashes those bytes).
+//!   versions break ties by Kubernetes version priority ([`compare_version_priority`]).
+//! - **Preferred version, local first.** A group's first version is its preferred version (the
+//!   one clients use, and legacy `preferredVersion`), so it is chosen before the rest is ordered:
+//!   - for a group the local apiserver serves (lists with at least one version), the local
+//!     apiserver's preferred version (the first it lists), wherever the merge put it. Clients of
+//!     that group keep using a version served here and do not depend on a peer, and a peer that
+//!     advertises a new version cannot pull every client of the group over to itself;
+//!   - for a group only peers serve, the newest version any of them serves (highest
+//!     [`compare_version_priority`]).
+//!
+//!   The other versions follow in the merged order above, that one left out. So the merged
+//!   document depends on which server is local (the `local` argument of [`merge_aggregated`]
+//!   and [`merge_group_lists`]): each apiserver's merged discovery lists the same versions but
+//!   may prefer different ones. For the real 1.30 and 1.33 documents, `resource.k8s.io` (1.30:
+//!   `v1alpha2`; 1.33: `v1beta2, v1beta1, v1alpha3`) is `v1alpha2, v1beta2, v1beta1, v1alpha3`
+//!   where 1.30 is local and `v1beta2, v1beta1, v1alpha3, v1alpha2` where 1.33 is.
+//! - The result serialises to the same bytes for the same local id and the same servers, given
+//!   in any order ([`merged_etag`] hashes those bytes).
 //!
 //! The core group (`/api`, an aggregated list holding one group named `""`) is merged with the
 //! same [`merge_aggregated`]; legacy documents have [`merge_group_lists`] (`/apis`) and
@@ -37,9 +51,12 @@
 //!   here a later server's constraint that would close a cycle is dropped, so the earliest
 //!   server's order always survives intact (see [`merge_order_by`]).
 //! - **Version ties**: upstream breaks them lexicographically, which for `resource.k8s.io` between
-//!   1.30 (`v1alpha2`) and 1.33 (`v1beta2, v1beta1, v1alpha3`) makes the alpha that only the old
-//!   server serves the preferred version. Here ties follow Kubernetes version priority, giving
-//!   `v1beta2, v1beta1, v1alpha3, v1alpha2`.
+//!   1.30 (`v1alpha2`) and 1.33 (`v1beta2, v1beta1, v1alpha3`) makes `v1alpha2` the preferred
+//!   version whichever server is local, so a 1.33 apiserver would send that group's clients to
+//!   an alpha it does not serve. Here ties follow Kubernetes version priority.
+//! - **Preferred version**: the upstream merge described here takes the first version of the
+//!   merged order, whichever server serves it. Here the local apiserver's preferred version comes
+//!   first for every group it serves, and the newest version for a group only peers serve.
 //! - **Subresources**: upstream takes the later server's copy whole and sorts the list by name
 //!   (only when the parent resources differ); here verbs are unioned, the other fields come from
 //!   the earlier server, and the order is merged like every other level.
@@ -49,7 +66,8 @@
 //! - **More than two servers**: upstream folds versions and resources pairwise; here every level
 //!   merges all servers' lists at once (the same result for two servers).
 //! - **Duplicates** inside one server's list (never emitted by kube-apiserver) are merged into the
-//!   first occurrence, as if they came from the same server.
+//!   first occurrence, as if they came from the same server; the local apiserver's preferred
+//!   version of a group it lists twice is the first version it lists for the group.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
@@ -72,13 +90,26 @@ pub type TieBreak = fn(&str, &str) -> Ordering;
 // ---------------------------------------------------------------------------------------------
 
 /// Merge the aggregated discovery documents (`/apis`, or `/api` for the core group) of several
-/// apiservers, given as `(server id, document)` in any order. See the module documentation for
-/// the rules. With no servers, an empty `apidiscovery.k8s.io/v2` list.
+/// apiservers, given as `(server id, document)` in any order, for the apiserver whose id is
+/// `local`: a group it serves keeps its preferred version first, a group only peers serve has
+/// the newest version first (an id none of `servers` has makes every group peer-only). See the
+/// module documentation for the rules. With no servers, an empty `apidiscovery.k8s.io/v2` list.
 ///
 /// The list's `kind`, `apiVersion`, `metadata` and unknown fields come from the earliest server:
 /// give documents of one `apiVersion` (the caller negotiates it with each apiserver).
-pub fn merge_aggregated(servers: &[(String, APIGroupDiscoveryList)]) -> APIGroupDiscoveryList {
+pub fn merge_aggregated(
+    local: &str,
+    servers: &[(String, APIGroupDiscoveryList)],
+) -> APIGroupDiscoveryList {
     let lists = by_server_id(servers);
+    let preferred = local_preferred(
+        local_document(local, &lists)
+            .map(|l| l.items.as_slice())
+            .unwrap_or_default(),
+        |g| &g.metadata.name,
+        |g| g.versions.first().map(|v| v.version.as_str()),
+    );
+    let lists: Vec<&APIGroupDiscoveryList> = lists.into_iter().map(|(_, l)| l).collect();
     let Some(first) = lists.first() else {
         return APIGroupDiscoveryList {
             kind: AGGREGATED_KIND.to_owned(),
@@ -91,12 +122,24 @@ pub fn merge_aggregated(servers: &[(String, APIGroupDiscoveryList)]) -> APIGroup
         kind: first.kind.clone(),
         api_version: first.api_version.clone(),
         metadata: first.metadata.clone(),
-        items: merge_keyed(&items, |g| &g.metadata.name, lexicographic, merge_group),
+        items: merge_keyed(
+            &items,
+            |g| &g.metadata.name,
+            lexicographic,
+            |copies| {
+                merge_group(
+                    copies,
+                    preferred.get(copies[0].metadata.name.as_str()).copied(),
+                )
+            },
+        ),
         extra: first.extra.clone(),
     }
 }
 
-fn merge_group(copies: &[&APIGroupDiscovery]) -> APIGroupDiscovery {
+/// One group's copies merged; `local_preferred` is the local apiserver's preferred version of
+/// the group, `None` when only peers serve it.
+fn merge_group(copies: &[&APIGroupDiscovery], local_preferred: Option<&str>) -> APIGroupDiscovery {
     let versions: Vec<&[APIVersionDiscovery]> =
         copies.iter().map(|g| g.versions.as_slice()).collect();
     let mut merged = copies[0].clone();
@@ -106,6 +149,7 @@ fn merge_group(copies: &[&APIGroupDiscovery]) -> APIGroupDiscovery {
         compare_version_priority,
         merge_version,
     );
+    preferred_first(&mut merged.versions, |v| &v.version, local_preferred);
     merged
 }
 
@@ -142,12 +186,28 @@ fn merge_subresource(copies: &[&APISubresourceDiscovery]) -> APISubresourceDisco
 // Legacy discovery
 // ---------------------------------------------------------------------------------------------
 
-/// Merge legacy `/apis` documents (`APIGroupList`): groups and their versions are unioned and
-/// ordered like [`merge_aggregated`] orders them; every other field comes from the earliest
+/// Merge legacy `/apis` documents (`APIGroupList`) for the apiserver whose id is `local`:
+/// groups and their versions are unioned and ordered like [`merge_aggregated`] orders them
+/// (the local apiserver's `preferredVersion` of a group first, or, when it names none of the
+/// group's versions, the first version it lists); every other field comes from the earliest
 /// server that has the group (or version). A group's `preferredVersion` is the merged group's
 /// first version, as kube-apiserver always lists the preferred version first.
-pub fn merge_group_lists(servers: &[(String, APIGroupList)]) -> APIGroupList {
+pub fn merge_group_lists(local: &str, servers: &[(String, APIGroupList)]) -> APIGroupList {
     let lists = by_server_id(servers);
+    let preferred = local_preferred(
+        local_document(local, &lists)
+            .map(|l| l.groups.as_slice())
+            .unwrap_or_default(),
+        |g| &g.name,
+        |g| {
+            g.preferred_version
+                .as_ref()
+                .map(|p| p.version.as_str())
+                .filter(|p| g.versions.iter().any(|v| v.version == *p))
+                .or_else(|| g.versions.first().map(|v| v.version.as_str()))
+        },
+    );
+    let lists: Vec<&APIGroupList> = lists.into_iter().map(|(_, l)| l).collect();
     let Some(first) = lists.first() else {
         return APIGroupList {
             kind: GROUP_LIST_KIND.to_owned(),
@@ -159,12 +219,17 @@ pub fn merge_group_lists(servers: &[(String, APIGroupList)]) -> APIGroupList {
     APIGroupList {
         kind: first.kind.clone(),
         api_version: first.api_version.clone(),
-        groups: merge_keyed(&groups, |g| &g.name, lexicographic, merge_legacy_group),
+        groups: merge_keyed(
+            &groups,
+            |g| &g.name,
+            lexicographic,
+            |copies| merge_legacy_group(copies, preferred.get(copies[0].name.as_str()).copied()),
+        ),
         extra: first.extra.clone(),
     }
 }
 
-fn merge_legacy_group(copies: &[&APIGroup]) -> APIGroup {
+fn merge_legacy_group(copies: &[&APIGroup], local_preferred: Option<&str>) -> APIGroup {
     let versions: Vec<&[_]> = copies.iter().map(|g| g.versions.as_slice()).collect();
     let mut merged = copies[0].clone();
     merged.versions = merge_keyed(
@@ -173,6 +238,7 @@ fn merge_legacy_group(copies: &[&APIGroup]) -> APIGroup {
         compare_version_priority,
         |c| c[0].clone(),
     );
+    preferred_first(&mut merged.versions, |v| &v.version, local_preferred);
     if let Some(preferred) = merged.versions.first() {
         merged.preferred_version = Some(preferred.clone());
     }
@@ -185,7 +251,7 @@ fn merge_legacy_group(copies: &[&APIGroup]) -> APIGroup {
 /// own fields (including `groupVersion`) come from the earliest server: give lists of one
 /// group-version.
 pub fn merge_resource_lists(servers: &[(String, APIResourceList)]) -> APIResourceList {
-    let lists = by_server_id(servers);
+    let lists: Vec<&APIResourceList> = by_server_id(servers).into_iter().map(|(_, l)| l).collect();
     let Some(first) = lists.first() else {
         return APIResourceList {
             kind: RESOURCE_LIST_KIND.to_owned(),
@@ -231,9 +297,9 @@ pub fn http_etag(bytes: &[u8]) -> String {
 // Building blocks
 // ---------------------------------------------------------------------------------------------
 
-/// The documents in server-id order; equal ids (a caller bug) are ordered by content so the
+/// `(id, document)` in server-id order; equal ids (a caller bug) are ordered by content so the
 /// result still does not depend on the input order.
-fn by_server_id<T: Serialize>(servers: &[(String, T)]) -> Vec<&T> {
+fn by_server_id<T: Serialize>(servers: &[(String, T)]) -> Vec<(&str, &T)> {
     let mut sorted: Vec<&(String, T)> = servers.iter().collect();
     sorted.sort_by(|(a_id, a), (b_id, b)| {
         a_id.cmp(b_id).then_with(|| {
@@ -242,7 +308,53 @@ fn by_server_id<T: Serialize>(servers: &[(String, T)]) -> Vec<&T> {
             a.cmp(&b)
         })
     });
-    sorted.into_iter().map(|(_, doc)| doc).collect()
+    sorted
+        .into_iter()
+        .map(|(id, doc)| (id.as_str(), doc))
+        .collect()
+}
+
+/// The local apiserver's document among `lists` (in server order): the first with id `local`,
+/// `None` when no server has that id.
+fn local_document<'a, T>(local: &str, lists: &[(&str, &'a T)]) -> Option<&'a T> {
+    lists
+        .iter()
+        .find(|(id, _)| *id == local)
+        .map(|(_, doc)| *doc)
+}
+
+/// Group name → the local apiserver's preferred version of it, for every group the local
+/// document lists with a version. A group listed twice (never emitted by kube-apiserver) takes
+/// its first occurrence that has one, as the merge folds repeats into the first occurrence.
+fn local_preferred<'a, G>(
+    groups: &'a [G],
+    name: fn(&G) -> &str,
+    preferred: impl Fn(&'a G) -> Option<&'a str>,
+) -> HashMap<&'a str, &'a str> {
+    let mut out = HashMap::new();
+    for group in groups {
+        if let Some(version) = preferred(group) {
+            out.entry(name(group)).or_insert(version);
+        }
+    }
+    out
+}
+
+/// Move a group's preferred version to the front of its merged `versions`, the others keeping
+/// their merged order: the local apiserver's preferred version when it has one, otherwise the
+/// newest by [`compare_version_priority`] (a group only peers serve).
+fn preferred_first<T>(versions: &mut [T], key: fn(&T) -> &str, local_preferred: Option<&str>) {
+    let position = match local_preferred {
+        Some(preferred) => versions.iter().position(|v| key(v) == preferred),
+        None => versions
+            .iter()
+            .enumerate()
+            .min_by(|(_, a), (_, b)| compare_version_priority(key(a), key(b)))
+            .map(|(i, _)| i),
+    };
+    if let Some(i) = position {
+        versions[..=i].rotate_right(1);
+    }
 }
 
 /// Union of the items of `lists` (already in server order) by `key`, in merged order, each
@@ -494,6 +606,9 @@ mod tests {
         parse_resource_list(&read(dir, API_V1_LEGACY_FILE), DEFAULT_MAX_DISCOVERY_BYTES)
             .expect("fixture parses")
     }
+
+    /// A local id no test server has: every group is peer-only.
+    const NOBODY: &str = "(no local server)";
 
     fn strings(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| (*s).to_owned()).collect()
@@ -928,7 +1043,7 @@ mod tests {
         let (r130, s130) = keys(&k130);
         let (r133, s133) = keys(&k133);
         for (a, b) in [("a", "b"), ("b", "a")] {
-            let merged = merge_aggregated(&servers(&[(a, &k130), (b, &k133)]));
+            let merged = merge_aggregated(a, &servers(&[(a, &k130), (b, &k133)]));
             let (resources, subresources) = keys(&merged);
             assert_eq!(resources, r130.union(&r133).cloned().collect());
             assert_eq!(subresources, s130.union(&s133).cloned().collect());
@@ -948,6 +1063,8 @@ mod tests {
         assert_eq!(r130.union(&r133).count(), 63 + 23);
     }
 
+    /// With no local server every group is peer-only: the newest version first, the rest by
+    /// the merge (here the same as by priority).
     #[test]
     fn fixtures_version_priority() {
         let (k130, k133) = (fixture(K130), fixture(K133));
@@ -969,7 +1086,7 @@ mod tests {
             ),
         ];
         for ids in [("a", "b"), ("b", "a")] {
-            let merged = merge_aggregated(&servers(&[(ids.0, &k130), (ids.1, &k133)]));
+            let merged = merge_aggregated(NOBODY, &servers(&[(ids.0, &k130), (ids.1, &k133)]));
             for (g, want) in cases {
                 assert_eq!(versions(&merged, g), *want, "{g} with 1.30 as {:?}", ids.0);
             }
@@ -988,6 +1105,237 @@ mod tests {
                 ]
             );
         }
+    }
+
+    /// The first version of each group that has one.
+    fn first_versions(list: &APIGroupDiscoveryList) -> BTreeMap<&str, &str> {
+        list.items
+            .iter()
+            .filter_map(|g| {
+                Some((
+                    g.metadata.name.as_str(),
+                    g.versions.first()?.version.as_str(),
+                ))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fixtures_local_preferred_version_first() {
+        let (k130, k133) = (fixture(K130), fixture(K133));
+        for (name, local_doc, peer_doc) in [("1.30", &k130, &k133), ("1.33", &k133, &k130)] {
+            // The local server earlier and later in server order, given in either input order.
+            for (local, peer) in [("a", "b"), ("b", "a")] {
+                for reversed in [false, true] {
+                    let mut input = servers(&[(local, local_doc), (peer, peer_doc)]);
+                    if reversed {
+                        input.reverse();
+                    }
+                    let merged = merge_aggregated(local, &input);
+                    let what = format!("local {name} as {local:?}, reversed {reversed}");
+                    let local_first = first_versions(local_doc);
+                    assert_eq!(local_first.len(), local_doc.items.len(), "{what}");
+                    for (g, preferred) in &local_first {
+                        let got = versions(&merged, g);
+                        assert_eq!(got[0], *preferred, "{g}: {what}");
+                        // The rest: the merge of both servers' orders, the preferred one left out.
+                        let orders: Vec<Vec<String>> = by_server_id(&input)
+                            .iter()
+                            .filter_map(|(_, l)| l.items.iter().find(|x| x.metadata.name == *g))
+                            .map(|x| x.versions.iter().map(|v| v.version.clone()).collect())
+                            .collect();
+                        let mut rest = merge_order_by(&orders, compare_version_priority);
+                        rest.retain(|v| v != preferred);
+                        assert_eq!(got[1..], rest, "{g}: {what}");
+                    }
+                }
+            }
+        }
+        // resource.k8s.io: 1.30 serves v1alpha2 only, 1.33 v1beta2, v1beta1, v1alpha3.
+        let cases: &[(
+            &str,
+            &APIGroupDiscoveryList,
+            &APIGroupDiscoveryList,
+            &[&str],
+        )] = &[
+            (
+                "1.30",
+                &k130,
+                &k133,
+                &["v1alpha2", "v1beta2", "v1beta1", "v1alpha3"],
+            ),
+            (
+                "1.33",
+                &k133,
+                &k130,
+                &["v1beta2", "v1beta1", "v1alpha3", "v1alpha2"],
+            ),
+        ];
+        for (name, local_doc, peer_doc, want) in cases {
+            for (local, peer) in [("a", "b"), ("b", "a")] {
+                let merged =
+                    merge_aggregated(local, &servers(&[(local, *local_doc), (peer, *peer_doc)]));
+                let what = format!("local {name} as {local:?}");
+                assert_eq!(versions(&merged, "resource.k8s.io"), *want, "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn fixtures_peer_only_group_prefers_the_newest_version() {
+        let (k130, k133) = (fixture(K130), fixture(K133));
+        // A local 1.30 that does not serve resource.k8s.io (nor certificates.k8s.io), a 1.30
+        // peer that serves v1alpha2 and a 1.33 peer that serves v1beta2, v1beta1, v1alpha3.
+        let mut local = k130.clone();
+        local.items.retain(|g| {
+            !["resource.k8s.io", "certificates.k8s.io"].contains(&g.metadata.name.as_str())
+        });
+        let inputs = [("local", local), ("peer-130", k130), ("peer-133", k133)];
+        for permutation in permutations(&inputs) {
+            let merged = merge_aggregated(
+                "local",
+                &permutation
+                    .iter()
+                    .map(|(id, d)| ((*id).to_owned(), d.clone()))
+                    .collect::<Vec<_>>(),
+            );
+            assert_eq!(
+                versions(&merged, "resource.k8s.io"),
+                ["v1beta2", "v1beta1", "v1alpha3", "v1alpha2"]
+            );
+            assert_eq!(
+                versions(&merged, "certificates.k8s.io"),
+                ["v1", "v1beta1", "v1alpha1"]
+            );
+        }
+    }
+
+    /// (what, local id, each server's id and versions of x.io (none: it does not serve x.io),
+    /// merged versions of x.io)
+    type PreferredCase<'a> = (
+        &'a str,
+        &'a str,
+        &'a [(&'a str, &'a [&'a str])],
+        &'a [&'a str],
+    );
+
+    #[test]
+    fn local_preferred_version_first_table() {
+        let cases: &[PreferredCase] = &[
+            (
+                "a peer advertises v2 of a group whose local preferred is v1",
+                "a",
+                &[("a", &["v1"]), ("b", &["v2", "v1"])],
+                &["v1", "v2"],
+            ),
+            (
+                "the same with the local server later in id order",
+                "b",
+                &[("a", &["v2", "v1"]), ("b", &["v1"])],
+                &["v1", "v2"],
+            ),
+            (
+                "local v1 and v1beta1, the peer v2 and v1",
+                "a",
+                &[("a", &["v1", "v1beta1"]), ("b", &["v2", "v1"])],
+                &["v1", "v2", "v1beta1"],
+            ),
+            (
+                "the local server prefers a beta the peer has as GA",
+                "b",
+                &[("a", &["v1"]), ("b", &["v1beta1"])],
+                &["v1beta1", "v1"],
+            ),
+            (
+                "the local preferred is already first",
+                "a",
+                &[("a", &["v2", "v1"]), ("b", &["v1"])],
+                &["v2", "v1"],
+            ),
+            (
+                "three servers, the local one in the middle",
+                "b",
+                &[
+                    ("a", &["v2", "v1"]),
+                    ("b", &["v1beta1"]),
+                    ("c", &["v1", "v1beta1"]),
+                ],
+                &["v1beta1", "v2", "v1"],
+            ),
+            (
+                "peer-only: the newest first",
+                "a",
+                &[("a", &[]), ("b", &["v1alpha1"]), ("c", &["v1beta1"])],
+                &["v1beta1", "v1alpha1"],
+            ),
+            (
+                "peer-only: the newest first, even against a peer that lists every version",
+                "a",
+                &[("a", &[]), ("b", &["v1beta1", "v1"]), ("c", &["v1"])],
+                &["v1", "v1beta1"],
+            ),
+            (
+                "peer-only: non-Kubernetes version strings last",
+                "c",
+                &[("a", &["foo", "v1alpha1"]), ("c", &[])],
+                &["v1alpha1", "foo"],
+            ),
+            (
+                "no server is local: every group is peer-only",
+                NOBODY,
+                &[("a", &["v1beta1"]), ("b", &["v1"])],
+                &["v1", "v1beta1"],
+            ),
+        ];
+        let document = |versions: &[&str]| {
+            let mut groups = vec![json!({"metadata": {"name": "other.io"},
+                "versions": [{"version": "v1"}]})];
+            if !versions.is_empty() {
+                groups.push(json!({"metadata": {"name": "x.io"},
+                    "versions": versions.iter().map(|v| json!({"version": v})).collect::<Vec<_>>()}));
+            }
+            doc(Value::Array(groups))
+        };
+        for (what, local, input, want) in cases {
+            let docs: Vec<(String, APIGroupDiscoveryList)> = input
+                .iter()
+                .map(|(id, versions)| ((*id).to_owned(), document(versions)))
+                .collect();
+            let mut outputs = BTreeSet::new();
+            for permutation in permutations(&docs) {
+                let merged = merge_aggregated(local, &permutation);
+                assert_eq!(versions(&merged, "x.io"), *want, "{what}");
+                // Legacy /apis agrees: the same order, the first one preferred.
+                let legacy: Vec<(String, APIGroupList)> = permutation
+                    .iter()
+                    .map(|(id, d)| (id.clone(), legacy_groups(d)))
+                    .collect();
+                assert_eq!(
+                    merge_group_lists(local, &legacy),
+                    legacy_groups(&merged),
+                    "{what}"
+                );
+                outputs.insert(bytes(&merged));
+            }
+            assert_eq!(outputs.len(), 1, "{what}: one output for every input order");
+        }
+
+        // A local group with no version is peer-only; a group the local server lists twice
+        // (never emitted by kube-apiserver) prefers the first version it lists.
+        let empty = doc(json!([{"metadata": {"name": "x.io"}, "versions": []}]));
+        let twice = doc(json!([
+            {"metadata": {"name": "x.io"}, "versions": []},
+            {"metadata": {"name": "x.io"}, "versions": [{"version": "v1beta1"}]},
+        ]));
+        let peer = document(&["v1"]);
+        let merged = merge_aggregated("a", &servers(&[("a", &empty), ("b", &peer)]));
+        assert_eq!(versions(&merged, "x.io"), ["v1"]);
+        let peer = doc(json!([{"metadata": {"name": "x.io"},
+            "versions": [{"version": "v1"}, {"version": "v1beta1"}]}]));
+        let merged = merge_aggregated("a", &servers(&[("a", &twice), ("b", &peer)]));
+        assert_eq!(versions(&merged, "x.io"), ["v1beta1", "v1"]);
+        let merged = merge_aggregated("a", &servers(&[("a", &empty), ("b", &peer)]));
+        assert_eq!(versions(&merged, "x.io"), ["v1", "v1beta1"]);
     }
 
     #[test]
@@ -1016,7 +1364,7 @@ mod tests {
                 .iter()
                 .map(|(id, d)| ((*id).to_owned(), d.clone()))
                 .collect();
-            outputs.insert(bytes(&merge_aggregated(&list)));
+            outputs.insert(bytes(&merge_aggregated("s1", &list)));
         }
         assert_eq!(outputs.len(), 1, "6 permutations, one output");
         let merged: APIGroupDiscoveryList =
@@ -1063,14 +1411,17 @@ mod tests {
             for n in 1..=3 {
                 let copies: Vec<(String, APIGroupDiscoveryList)> =
                     (0..n).map(|i| (format!("s{i}"), list.clone())).collect();
-                let merged = merge_aggregated(&copies);
-                assert_eq!(merged, list, "{dir} x{n}");
-                assert_eq!(
-                    serde_json::to_value(&merged).expect("json"),
-                    serde_json::from_slice::<Value>(&read(dir, APIS_AGGREGATED_FILE))
-                        .expect("json"),
-                    "{dir} x{n}: same JSON as the file"
-                );
+                // Local first or last, or none (kube lists the newest version first anyway).
+                for local in ["s0".to_owned(), format!("s{}", n - 1), NOBODY.to_owned()] {
+                    let merged = merge_aggregated(&local, &copies);
+                    assert_eq!(merged, list, "{dir} x{n} local {local}");
+                    assert_eq!(
+                        serde_json::to_value(&merged).expect("json"),
+                        serde_json::from_slice::<Value>(&read(dir, APIS_AGGREGATED_FILE))
+                            .expect("json"),
+                        "{dir} x{n} local {local}: same JSON as the file"
+                    );
+                }
             }
             let core = legacy_core(dir);
             assert_eq!(
@@ -1109,7 +1460,7 @@ mod tests {
                 if reversed {
                     input.reverse();
                 }
-                let merged = merge_aggregated(&input);
+                let merged = merge_aggregated(id130, &input);
                 let what = format!("1.30 earlier: {first130}, input reversed: {reversed}");
                 let d = resource(&merged, "apps", "v1", "deployments");
                 let (singular, short, categories, future) = if first130 {
@@ -1182,10 +1533,13 @@ mod tests {
         ];
         for (a, b, want) in cases {
             for ids in [("a", "b"), ("b", "a")] {
-                let merged = merge_aggregated(&[
-                    (ids.0.to_owned(), widgets(json!(a), json!([]))),
-                    (ids.1.to_owned(), widgets(json!(b), json!([]))),
-                ]);
+                let merged = merge_aggregated(
+                    ids.0,
+                    &[
+                        (ids.0.to_owned(), widgets(json!(a), json!([]))),
+                        (ids.1.to_owned(), widgets(json!(b), json!([]))),
+                    ],
+                );
                 assert_eq!(
                     resource(&merged, "x.io", "v1", "widgets").verbs,
                     strings(want),
@@ -1213,7 +1567,7 @@ mod tests {
                 {"subresource": "eviction", "verbs": ["create"]},
             ]),
         );
-        let merged = merge_aggregated(&servers(&[("b", &b), ("a", &a)]));
+        let merged = merge_aggregated("a", &servers(&[("b", &b), ("a", &a)]));
         let got = serde_json::to_value(&resource(&merged, "x.io", "v1", "widgets").subresources)
             .expect("json");
         assert_eq!(
@@ -1231,7 +1585,7 @@ mod tests {
             ])
         );
         // Swapping ids: b's status wins its fields.
-        let merged = merge_aggregated(&servers(&[("a", &b), ("b", &a)]));
+        let merged = merge_aggregated("a", &servers(&[("a", &b), ("b", &a)]));
         let status = &resource(&merged, "x.io", "v1", "widgets").subresources[0];
         assert_eq!(status.subresource, "status");
         assert_eq!(status.verbs, strings(&["get", "patch"]));
@@ -1249,7 +1603,7 @@ mod tests {
         let stale = mk("Stale", 1, "widgets");
         let current = mk("Current", 2, "gadgets");
         for (ids, want, extra) in [(("a", "b"), "Stale", 1), (("b", "a"), "Current", 2)] {
-            let merged = merge_aggregated(&servers(&[(ids.0, &stale), (ids.1, &current)]));
+            let merged = merge_aggregated(ids.0, &servers(&[(ids.0, &stale), (ids.1, &current)]));
             let v = version(&merged, "x.io", "v1");
             assert_eq!(v.freshness.as_deref(), Some(want));
             assert_eq!(v.extra.get("future"), Some(&json!(extra)));
@@ -1264,7 +1618,7 @@ mod tests {
 
     #[test]
     fn list_header_and_empty_input() {
-        let empty = merge_aggregated(&[]);
+        let empty = merge_aggregated(NOBODY, &[]);
         assert_eq!(
             serde_json::to_value(&empty).expect("json"),
             json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2",
@@ -1275,10 +1629,10 @@ mod tests {
         beta.metadata
             .insert("resourceVersion".to_owned(), json!("7"));
         let v2 = doc(json!([]));
-        let merged = merge_aggregated(&servers(&[("z", &v2), ("m", &beta)]));
+        let merged = merge_aggregated("m", &servers(&[("z", &v2), ("m", &beta)]));
         assert_eq!(merged, beta);
         assert_eq!(
-            serde_json::to_value(merge_group_lists(&[])).expect("json"),
+            serde_json::to_value(merge_group_lists(NOBODY, &[])).expect("json"),
             json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
         );
         assert_eq!(
@@ -1290,8 +1644,8 @@ mod tests {
     #[test]
     fn duplicate_ids_and_items_are_deterministic() {
         let (k130, k133) = (fixture(K130), fixture(K133));
-        let one = merge_aggregated(&servers(&[("x", &k130), ("x", &k133)]));
-        let two = merge_aggregated(&servers(&[("x", &k133), ("x", &k130)]));
+        let one = merge_aggregated("x", &servers(&[("x", &k130), ("x", &k133)]));
+        let two = merge_aggregated("x", &servers(&[("x", &k133), ("x", &k130)]));
         assert_eq!(bytes(&one), bytes(&two));
         // A group listed twice by one server is merged into its first occurrence (whose
         // metadata wins), like a copy from a later server.
@@ -1303,7 +1657,13 @@ mod tests {
               {"version": "v1", "resources": [{"resource": "b", "verbs": ["get"]},
                 {"resource": "a", "verbs": ["list"]}]}]},
         ]));
-        let merged = merge_aggregated(&servers(&[("s", &twice)]));
+        // As a peer's list (no local server): v2, the newest, first.
+        let merged = merge_aggregated(NOBODY, &servers(&[("s", &twice)]));
+        // As the local list: its preferred version of x.io is the first it lists.
+        assert_eq!(
+            versions(&merge_aggregated("s", &servers(&[("s", &twice)])), "x.io"),
+            ["v1", "v2"]
+        );
         assert_eq!(
             serde_json::to_value(&merged.items).expect("json"),
             json!([
@@ -1345,7 +1705,7 @@ mod tests {
                               {"subresource": "resize", "verbs": ["patch"]}]),
             true,
         );
-        let merged = merge_aggregated(&servers(&[("new", &new), ("old", &old)]));
+        let merged = merge_aggregated("old", &servers(&[("new", &new), ("old", &old)]));
         let served = ServedApis::from_aggregated(&merged).expect("valid");
         for key in [
             "pods",
@@ -1409,26 +1769,109 @@ mod tests {
         let (k130, k133) = (fixture(K130), fixture(K133));
         let (l130, l133) = (legacy_groups(&k130), legacy_groups(&k133));
         for ids in [("a", "b"), ("b", "a")] {
-            let aggregated = merge_aggregated(&servers(&[(ids.0, &k130), (ids.1, &k133)]));
-            let legacy = merge_group_lists(&servers(&[(ids.1, &l133), (ids.0, &l130)]));
-            assert_eq!(legacy, legacy_groups(&aggregated), "{ids:?}");
-            let resource = legacy
-                .groups
-                .iter()
-                .find(|g| g.name == "resource.k8s.io")
-                .expect("resource.k8s.io");
-            assert_eq!(
-                resource
-                    .preferred_version
-                    .as_ref()
-                    .map(|v| v.group_version.as_str()),
-                Some("resource.k8s.io/v1beta2")
-            );
+            // (local id, resource.k8s.io's preferred version): 1.30's id, then 1.33's, then none.
+            for (local, want) in [
+                (ids.0, "resource.k8s.io/v1alpha2"),
+                (ids.1, "resource.k8s.io/v1beta2"),
+                (NOBODY, "resource.k8s.io/v1beta2"),
+            ] {
+                let aggregated =
+                    merge_aggregated(local, &servers(&[(ids.0, &k130), (ids.1, &k133)]));
+                let legacy = merge_group_lists(local, &servers(&[(ids.1, &l133), (ids.0, &l130)]));
+                assert_eq!(legacy, legacy_groups(&aggregated), "{ids:?} local {local}");
+                let resource = legacy
+                    .groups
+                    .iter()
+                    .find(|g| g.name == "resource.k8s.io")
+                    .expect("resource.k8s.io");
+                assert_eq!(
+                    resource
+                        .preferred_version
+                        .as_ref()
+                        .map(|v| v.group_version.as_str()),
+                    Some(want),
+                    "{ids:?} local {local}"
+                );
+            }
         }
         assert_eq!(
-            merge_group_lists(&servers(&[("a", &l130), ("b", &l130)])),
+            merge_group_lists("a", &servers(&[("a", &l130), ("b", &l130)])),
             l130
         );
+    }
+
+    /// (what, local's versions, local's preferredVersion, merged versions)
+    type LegacyPreferredCase<'a> = (&'a str, &'a [&'a str], Option<&'a str>, &'a [&'a str]);
+
+    #[test]
+    fn legacy_local_preferred_version_first() {
+        let list =
+            |json: Value| -> APIGroupList { serde_json::from_value(json).expect("test list") };
+        let gv = |v: &str| json!({"groupVersion": format!("x.io/{v}"), "version": v});
+        let group = |versions: &[&str], preferred: Option<&str>| {
+            let mut g = json!({"name": "x.io",
+                "versions": versions.iter().map(|v| gv(v)).collect::<Vec<_>>()});
+            if let Some(p) = preferred {
+                g["preferredVersion"] = gv(p);
+            }
+            list(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [g]}))
+        };
+        let peer = group(&["v2", "v1", "v1beta1"], Some("v2"));
+        let cases: &[LegacyPreferredCase] = &[
+            (
+                "local v1, peer adds v2",
+                &["v1", "v1beta1"],
+                Some("v1"),
+                &["v1", "v2", "v1beta1"],
+            ),
+            (
+                "local prefers a beta",
+                &["v1beta1"],
+                Some("v1beta1"),
+                &["v1beta1", "v2", "v1"],
+            ),
+            (
+                "preferredVersion, not the first listed, decides",
+                &["v1beta1", "v1"],
+                Some("v1"),
+                &["v1", "v2", "v1beta1"],
+            ),
+            (
+                "no preferredVersion: the first listed",
+                &["v1", "v1beta1"],
+                None,
+                &["v1", "v2", "v1beta1"],
+            ),
+            (
+                "preferredVersion names a version not listed: the first listed",
+                &["v1beta1"],
+                Some("v3"),
+                &["v1beta1", "v2", "v1"],
+            ),
+        ];
+        for (what, versions, preferred, want) in cases {
+            let local = group(versions, *preferred);
+            for (local_id, peer_id) in [("a", "b"), ("b", "a")] {
+                for reversed in [false, true] {
+                    let mut input = servers(&[(local_id, &local), (peer_id, &peer)]);
+                    if reversed {
+                        input.reverse();
+                    }
+                    let merged = merge_group_lists(local_id, &input);
+                    let got: Vec<_> = merged.groups[0]
+                        .versions
+                        .iter()
+                        .map(|v| v.version.as_str())
+                        .collect();
+                    assert_eq!(got, *want, "{what}, local {local_id}");
+                    assert_eq!(
+                        merged.groups[0].preferred_version.as_ref(),
+                        merged.groups[0].versions.first(),
+                        "{what}, local {local_id}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
@@ -1455,7 +1898,7 @@ mod tests {
             if reversed {
                 input.reverse();
             }
-            let merged = serde_json::to_value(merge_group_lists(&input)).expect("json");
+            let merged = serde_json::to_value(merge_group_lists("b", &input)).expect("json");
             assert_eq!(
                 merged,
                 json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
@@ -1545,9 +1988,18 @@ mod tests {
             "\"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\""
         );
         let (k130, k133) = (fixture(K130), fixture(K133));
-        let ab = bytes(&merge_aggregated(&servers(&[("a", &k130), ("b", &k133)])));
-        let ba = bytes(&merge_aggregated(&servers(&[("b", &k133), ("a", &k130)])));
-        let swapped = bytes(&merge_aggregated(&servers(&[("b", &k130), ("a", &k133)])));
+        let ab = bytes(&merge_aggregated(
+            "a",
+            &servers(&[("a", &k130), ("b", &k133)]),
+        ));
+        let ba = bytes(&merge_aggregated(
+            "a",
+            &servers(&[("b", &k133), ("a", &k130)]),
+        ));
+        let swapped = bytes(&merge_aggregated(
+            "a",
+            &servers(&[("b", &k130), ("a", &k133)]),
+        ));
         assert_eq!(merged_etag(&ab), merged_etag(&ba));
         assert_ne!(
             merged_etag(&ab),

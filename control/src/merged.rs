@@ -28,7 +28,11 @@ pub enum MergedDiscoveryError {
     Json(#[from] serde_json::Error),
 }
 
-/// Merge `servers` (the local apiserver among them, every live peer) for the filter.
+/// Merge `servers` (the local apiserver among them, every live peer) for the filter fronting
+/// `local_id`. Every document keeps the local apiserver's preferred version of each group it
+/// serves first (aggregated `/apis` and `/api`, served as v2 and v2beta1, and the legacy
+/// `/apis` and `/apis/<group>` `preferredVersion`, derived from the aggregated order); a group
+/// only peers serve prefers its newest version (`crate::merge`).
 pub fn discovery_config(
     local_id: &str,
     servers: &[(String, &DiscoveryDocuments)],
@@ -39,12 +43,14 @@ pub fn discovery_config(
         .map(|(_, docs)| *docs)
         .ok_or_else(|| MergedDiscoveryError::NoLocal(local_id.to_string()))?;
     let apis = merge_aggregated(
+        local_id,
         &servers
             .iter()
             .map(|(id, d)| (id.clone(), d.apis.clone()))
             .collect::<Vec<_>>(),
     );
     let api = merge_aggregated(
+        local_id,
         &servers
             .iter()
             .map(|(id, d)| (id.clone(), d.api.clone()))
@@ -125,7 +131,137 @@ pub fn discovery_config(
 mod tests {
     use super::*;
 
+    use crate::discovery::{APIGroup, APIGroupDiscoveryList, APIGroupList};
     use crate::test_fixtures::documents as fixture;
+
+    /// `(group, versions)` of the merged aggregated `/apis`.
+    fn aggregated(config: &DiscoveryConfig) -> Vec<(String, Vec<String>)> {
+        let list: APIGroupDiscoveryList = serde_json::from_str(config.apis.get()).unwrap();
+        list.items
+            .into_iter()
+            .map(|g| {
+                let versions = g.versions.into_iter().map(|v| v.version).collect();
+                (g.metadata.name, versions)
+            })
+            .collect()
+    }
+
+    /// What a client of the filter gets for `path`: the merged legacy document where the union
+    /// differs from the local one, else the local apiserver's own (`local`).
+    fn legacy<T: serde::de::DeserializeOwned>(
+        config: &DiscoveryConfig,
+        path: &str,
+        local: impl FnOnce() -> T,
+    ) -> T {
+        match config.legacy.get(path) {
+            Some(doc) => serde_json::from_str(doc.get()).unwrap(),
+            None => local(),
+        }
+    }
+
+    /// Every document the filter serves for `local_id` prefers, for each group, the version the
+    /// aggregated order puts first: aggregated `/apis` (served as v2, and as v2beta1 by changing
+    /// only `apiVersion`), legacy `/apis` and `/apis/<group>`. Returns the preferred versions.
+    fn preferred_everywhere(
+        local_id: &str,
+        servers: &[(String, &DiscoveryDocuments)],
+    ) -> BTreeMap<String, String> {
+        let config = discovery_config(local_id, servers).unwrap();
+        let local = servers.iter().find(|(id, _)| id == local_id).unwrap().1;
+        let aggregated = aggregated(&config);
+        let group_list: APIGroupList = legacy(&config, "/apis", || legacy_group_list(&local.apis));
+        assert_eq!(group_list.groups.len(), aggregated.len());
+        let mut preferred = BTreeMap::new();
+        for (group, (name, versions)) in group_list.groups.iter().zip(&aggregated) {
+            assert_eq!(&group.name, name);
+            let listed: Vec<&String> = group.versions.iter().map(|v| &v.version).collect();
+            assert_eq!(listed, versions.iter().collect::<Vec<_>>(), "/apis {name}");
+            let first = &versions[0];
+            assert_eq!(
+                group.preferred_version.as_ref().map(|v| &v.version),
+                Some(first),
+                "/apis {name}"
+            );
+            let path = format!("/apis/{name}");
+            let single: APIGroup = legacy(&config, &path, || {
+                legacy_group(
+                    local
+                        .apis
+                        .items
+                        .iter()
+                        .find(|g| &g.metadata.name == name)
+                        .unwrap(),
+                )
+            });
+            assert_eq!(
+                single.preferred_version.as_ref().map(|v| &v.version),
+                Some(first),
+                "{path}"
+            );
+            preferred.insert(name.clone(), first.clone());
+        }
+        // The core group: /api lists v1 only, on every version we have.
+        let api: APIGroupDiscoveryList = serde_json::from_str(config.api.get()).unwrap();
+        assert_eq!(api.items[0].versions[0].version, "v1");
+        preferred
+    }
+
+    #[test]
+    fn local_preferred_versions_first_in_every_document() {
+        for (local_name, peer_name) in [("k8s-1.30", "k8s-1.33"), ("k8s-1.33", "k8s-1.30")] {
+            let (local, peer) = (fixture(local_name), fixture(peer_name));
+            // The local apiserver earlier and later in id order.
+            for (local_id, peer_id) in [
+                ("apiserver-a", "apiserver-b"),
+                ("apiserver-b", "apiserver-a"),
+            ] {
+                let servers = [(local_id.to_string(), &local), (peer_id.to_string(), &peer)];
+                let preferred = preferred_everywhere(local_id, &servers);
+                for group in &local.apis.items {
+                    assert_eq!(
+                        preferred[&group.metadata.name], group.versions[0].version,
+                        "{} with {local_name} local as {local_id}",
+                        group.metadata.name
+                    );
+                }
+                // 1.30 serves resource.k8s.io v1alpha2 only; 1.33 v1beta2, v1beta1, v1alpha3.
+                let want = if local_name == "k8s-1.30" {
+                    "v1alpha2"
+                } else {
+                    "v1beta2"
+                };
+                assert_eq!(
+                    preferred["resource.k8s.io"], want,
+                    "{local_name} as {local_id}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn peer_only_group_prefers_its_newest_version() {
+        // The local 1.30 apiserver does not serve resource.k8s.io; a 1.30 peer serves v1alpha2,
+        // a 1.33 peer v1beta2, v1beta1 and v1alpha3.
+        let mut local = fixture("k8s-1.30");
+        local
+            .apis
+            .items
+            .retain(|g| g.metadata.name != "resource.k8s.io");
+        let (old, new) = (fixture("k8s-1.30"), fixture("k8s-1.33"));
+        let servers = [
+            ("apiserver-b".to_string(), &local),
+            ("apiserver-a".to_string(), &old),
+            ("apiserver-c".to_string(), &new),
+        ];
+        let preferred = preferred_everywhere("apiserver-b", &servers);
+        assert_eq!(preferred["resource.k8s.io"], "v1beta2");
+        let config = discovery_config("apiserver-b", &servers).unwrap();
+        let resource = aggregated(&config)
+            .into_iter()
+            .find(|(g, _)| g == "resource.k8s.io")
+            .unwrap();
+        assert_eq!(resource.1, ["v1beta2", "v1beta1", "v1alpha3", "v1alpha2"]);
+    }
 
     #[test]
     fn legacy_documents_only_where_the_union_differs() {
