@@ -3,13 +3,10 @@
 
 pub mod app;
 pub mod discovery;
-pub mod documents;
 pub mod envoy;
 pub mod fetch;
 pub mod flags;
 pub mod health;
-pub mod merge;
-pub mod merged;
 pub mod peers;
 pub mod plan;
 pub mod routing;

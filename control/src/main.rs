@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use skewgate_control::documents::DiscoveryDocuments;
+use skewgate_control::discovery::documents::DiscoveryDocuments;
 use skewgate_control::envoy::Address;
 use skewgate_control::flags::{parse_address, ListenerFlags, UpstreamTlsFlags};
 use skewgate_control::plan::{ApiserverView, MergedOutcome};

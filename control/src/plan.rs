@@ -15,10 +15,10 @@ use std::path::Path;
 use serde::Serialize;
 use skewgate_core::group_version::GroupVersion;
 
+use crate::discovery::documents::DiscoveryDocuments;
+use crate::discovery::payload;
 use crate::discovery::ServedApis;
-use crate::documents::DiscoveryDocuments;
 use crate::envoy::{Address, EnvoyError, UpstreamTls};
-use crate::merged;
 use crate::routing::{self, Peer, RoutingPlan};
 use crate::xds::{Snapshot, SnapshotInputs};
 
@@ -138,7 +138,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         &routing_peers,
         inputs.shared_storage,
     );
-    let merged = match merged::discovery_config(inputs.local.id, &servers) {
+    let merged = match payload::discovery_config(inputs.local.id, &servers) {
         Ok(discovery) => {
             let bytes = discovery.apis.get().len()
                 + discovery.api.get().len()

@@ -18,6 +18,6 @@ pub fn dir(name: &str) -> String {
 }
 
 /// A fixture's discovery documents.
-pub fn documents(name: &str) -> crate::documents::DiscoveryDocuments {
-    crate::documents::DiscoveryDocuments::from_dir(dir(name)).expect("fixture loads")
+pub fn documents(name: &str) -> crate::discovery::documents::DiscoveryDocuments {
+    crate::discovery::documents::DiscoveryDocuments::from_dir(dir(name)).expect("fixture loads")
 }

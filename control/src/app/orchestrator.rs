@@ -21,7 +21,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
-use crate::documents::DiscoveryDocuments;
+use crate::discovery::documents::DiscoveryDocuments;
 use crate::envoy::Address;
 use crate::fetch::{
     spawn_apiserver_watch, ApiserverWatch, Backoff, ClientTemplate, DiscoveryFetcher,

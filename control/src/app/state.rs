@@ -260,7 +260,7 @@ pub fn skew_matrix(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::documents::DiscoveryDocuments;
+    use crate::discovery::documents::DiscoveryDocuments;
     use crate::envoy::Address;
     use crate::peers::{AddressSource, Peer as LivePeer};
     use crate::plan::{plan, ApiserverView, MergedOutcome, Plan, PlanError, PlanInputs};

@@ -8,17 +8,17 @@ use futures_util::{StreamExt, TryStreamExt};
 use http::{header, Request, StatusCode};
 use serde::Deserialize;
 
+use crate::discovery::documents::DiscoveryDocuments;
 use crate::discovery::{
     parse_aggregated, parse_group_list, parse_resource_list, parse_versions, APIGroupDiscoveryList,
     APIResourceList, ServedApis, DEFAULT_MAX_DISCOVERY_BYTES,
 };
-use crate::documents::DiscoveryDocuments;
 
 use super::body::{error_chain, read_body, Budget, LimitedBuffer, ReadError};
 use super::client::ClientTemplate;
 use super::content_type::{classify_content_type, DocumentFormat, DISCOVERY_ACCEPT, LEGACY_ACCEPT};
 use super::error::{FetchError, SetupError};
-use super::legacy::{self, VersionOutcome};
+use crate::discovery::legacy::{self, VersionOutcome};
 
 /// Limits of one fetcher.
 #[derive(Debug, Clone)]
@@ -523,12 +523,12 @@ mod tests {
 
     #[test]
     fn answers_combine_with_the_last_view() {
-        let mut apis = crate::documents::empty_list();
+        let mut apis = crate::discovery::documents::empty_list();
         apis.items.push(Default::default());
         apis.items[0].metadata.name = "apps".into();
         let last = DiscoveryDocuments {
             apis: apis.clone(),
-            api: crate::documents::empty_list(),
+            api: crate::discovery::documents::empty_list(),
         };
         let previous = Etags {
             apis: Some("\"a1\"".into()),
@@ -545,7 +545,7 @@ mod tests {
 
         let mixed = Fetched {
             apis: Answer::NotModified,
-            api: doc(crate::documents::empty_list(), "\"c2\""),
+            api: doc(crate::discovery::documents::empty_list(), "\"c2\""),
         };
         assert!(!mixed.not_modified());
         assert_eq!(
@@ -560,7 +560,7 @@ mod tests {
 
     #[test]
     fn documents_must_hold_the_right_groups() {
-        let mut list = crate::documents::empty_list();
+        let mut list = crate::discovery::documents::empty_list();
         assert!(check_document("u", &list, true).is_ok());
         list.items.push(Default::default());
         assert!(check_document("u", &list, true).is_ok(), "core in /api");

@@ -4,7 +4,7 @@
 //! [`DISCOVERY_ACCEPT`] (`profile=nopeer` first: the server's own document, not a merged one).
 //! The answer's `Content-Type` decides: aggregated v2 / v2beta1 is parsed as is; plain JSON is
 //! legacy discovery, completed with one request per group-version and converted into aggregated
-//! form. The result is a [`DiscoveryDocuments`](crate::documents::DiscoveryDocuments).
+//! form. The result is a [`DiscoveryDocuments`](crate::discovery::documents::DiscoveryDocuments).
 //!
 //! Robustness: every request has a timeout and a body size limit (the body is streamed and
 //! dropped at the limit); failures are typed ([`FetchError`], [`ErrorType`]) and counted
@@ -48,7 +48,6 @@ pub mod client;
 pub mod content_type;
 pub mod error;
 pub mod fetcher;
-pub mod legacy;
 pub mod metrics;
 pub mod supervisor;
 

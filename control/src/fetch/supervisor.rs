@@ -9,7 +9,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::documents::DiscoveryDocuments;
+use crate::discovery::documents::DiscoveryDocuments;
 
 use super::backoff::{jitter_unit, refresh_delay, Backoff};
 use super::error::FetchError;
@@ -257,7 +257,7 @@ pub async fn fetch_all_once(
                 Ok(docs) => m.record_success(
                     id,
                     SyncOutcome::Updated,
-                    super::legacy::stale_paths(&docs.apis).len(),
+                    crate::discovery::legacy::stale_paths(&docs.apis).len(),
                 ),
                 Err(e) => m.record_error(id, e),
             }

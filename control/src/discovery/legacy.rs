@@ -11,8 +11,8 @@
 //! any other status keeps the version, without resources and `freshness: Stale`, which is what
 //! aggregated discovery says of an unavailable APIService.
 
+use crate::discovery::documents::{aggregated_from_legacy, empty_list};
 use crate::discovery::{APIGroupDiscoveryList, APIGroupList, APIResourceList, APIVersions};
-use crate::documents::{aggregated_from_legacy, empty_list};
 
 /// At most this many group-versions in one legacy `/apis` (one request each).
 pub const MAX_LEGACY_GROUP_VERSIONS: usize = 5000;
@@ -189,11 +189,13 @@ pub fn stale_paths(apis: &APIGroupDiscoveryList) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::discovery::documents::{
+        legacy_group_list, legacy_resource_list, DiscoveryDocuments,
+    };
     use crate::discovery::{
         parse_group_list, parse_resource_list, APIGroup, GroupVersionForDiscovery, ServedApis,
         DEFAULT_MAX_DISCOVERY_BYTES,
     };
-    use crate::documents::{legacy_group_list, legacy_resource_list, DiscoveryDocuments};
 
     fn gv(group: &str, version: &str) -> GroupVersionForDiscovery {
         GroupVersionForDiscovery {

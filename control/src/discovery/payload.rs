@@ -5,8 +5,10 @@ use std::collections::BTreeMap;
 
 use skewgate_core::config::{DiscoveryConfig, JsonDocument, MAX_CONFIG_BYTES};
 
-use crate::documents::{legacy_group, legacy_group_list, legacy_resource_list, DiscoveryDocuments};
-use crate::merge::{merge_aggregated, merged_etag};
+use crate::discovery::documents::{
+    legacy_group, legacy_group_list, legacy_resource_list, DiscoveryDocuments,
+};
+use crate::discovery::merge::{merge_aggregated, merged_etag};
 
 /// The most merged discovery we put into one filter configuration, all documents together.
 ///

@@ -15,6 +15,19 @@
 //!
 //! [`ServedApis`] reduces one apiserver's documents to what routing needs: the served
 //! (group, version) pairs and, per pair, the resource keys `res` and `res/sub`.
+//!
+//! - [`documents`]: one apiserver's discovery as the two aggregated documents, and legacy
+//!   documents derived from them for old clients;
+//! - [`legacy`]: an old apiserver's legacy discovery read into aggregated form;
+//! - [`merge`]: the peer-aggregated merge rules;
+//! - [`payload`]: what of the merged discovery goes into the filter configuration.
+
+pub mod documents;
+pub mod legacy;
+pub mod merge;
+pub mod payload;
+
+pub use documents::DiscoveryDocuments;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
