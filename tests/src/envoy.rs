@@ -1,6 +1,9 @@
-//! Envoy with the skewgate filter: configured like `skewgate-control render-static` (or from
-//! any rendered bootstrap), its admin interface, and probes through it.
+//! Envoy with the skewgate filter: configured by `skewgate_control::static_config` (what
+//! `skewgate-control render-static` runs: the same plan, bootstrap and Envoy resources as the
+//! live mode, read from files), or from any rendered bootstrap; its admin interface, and
+//! probes through it.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -8,10 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use skewgate_control::bootstrap::{Address, StaticBootstrap};
-use skewgate_control::documents::DiscoveryDocuments;
-use skewgate_control::merged;
-use skewgate_control::routing::{self, Peer, RoutingPlan};
+use skewgate_control::discovery::DiscoveryDocuments;
+use skewgate_control::envoy::Address;
+use skewgate_control::plan::{ApiserverView, MergedOutcome};
+use skewgate_control::routing::RoutingPlan;
+use skewgate_control::static_config::{self, StaticConfig, BOOTSTRAP_FILE};
 use tokio::process::{Child, Command};
 
 use crate::http::{client, header};
@@ -58,9 +62,9 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct EnvoyOptions {
     pub request_timeout: Duration,
     /// `None`: plaintext listener.
-    pub serving: Option<skewgate_control::bootstrap::ServingTls>,
+    pub serving: Option<skewgate_control::envoy::ServingTls>,
     /// `None`: plaintext to the apiservers.
-    pub upstream: Option<skewgate_control::bootstrap::UpstreamTls>,
+    pub upstream: Option<skewgate_control::envoy::UpstreamTls>,
     /// The peer port (L4 passthrough to the local apiserver), if any.
     pub peer_listen: Option<Address>,
 }
@@ -92,42 +96,41 @@ impl Envoy {
         peers: Vec<PeerSpec>,
         options: EnvoyOptions,
     ) -> Result<Self> {
-        let mut addresses = Vec::new();
-        let mut routing_peers = Vec::new();
-        for p in &peers {
-            addresses.push((p.id.clone(), p.address.clone()));
-            routing_peers.push(Peer {
-                id: p.id.clone(),
-                served: p.documents.served()?,
-            });
-        }
+        let dir = tempfile::tempdir()?;
         let local_documents = local.documents()?;
-        let mut plan = routing::build(
-            &local_documents.served()?,
-            &local.id,
-            &routing_peers,
-            &Default::default(),
-        );
-        let mut servers = vec![(local.id.clone(), &local_documents)];
-        servers.extend(peers.iter().map(|p| (p.id.clone(), &p.documents)));
-        plan.config.discovery = Some(merged::discovery_config(&local.id, &servers)?);
-        plan.config.validate()?;
+        let peer_views: Vec<ApiserverView<'_>> = peers
+            .iter()
+            .map(|p| ApiserverView {
+                id: &p.id,
+                address: &p.address,
+                documents: Some(&p.documents),
+            })
+            .collect();
         let wasm = wasm_path()?;
         let listen = Address::parse_listen("127.0.0.1:0")?;
-        let yaml = StaticBootstrap {
+        let written = static_config::write(&StaticConfig {
+            dir: dir.path(),
+            local: ApiserverView {
+                id: &local.id,
+                address: &local.address,
+                documents: Some(&local_documents),
+            },
+            peers: &peer_views,
+            shared_storage: &BTreeSet::new(),
+            wasm_path: &wasm,
             listen: &listen,
             admin_port: 0,
-            wasm_path: &wasm,
-            local: &local.address,
-            peers: &addresses,
             request_timeout: options.request_timeout,
             serving: options.serving.as_ref(),
-            upstream: options.upstream.as_ref(),
+            upstream_tls: options.upstream.as_ref(),
             peer_listen: options.peer_listen.as_ref(),
+        })?;
+        if let MergedOutcome::Skipped { reason } = &written.plan.merged {
+            bail!("merged discovery was left out: {reason}");
         }
-        .render(&plan)?;
-        let mut envoy = Self::start_with_bootstrap(&yaml).await?;
-        envoy.plan = Some(plan);
+        let mut envoy = Self::spawn_in(dir, listen).await?;
+        envoy.wait_ready().await?;
+        envoy.plan = Some(written.plan.routing);
         envoy.tls = options.serving.is_some();
         Ok(envoy)
     }
@@ -145,10 +148,16 @@ impl Envoy {
     /// xDS sync). With port 0 in `listen`, [`Envoy::wait_ready`] finds the kernel's choice.
     pub async fn spawn(yaml: &str, listen: Address) -> Result<Self> {
         let dir = tempfile::tempdir()?;
-        let config_path = dir.path().join("envoy.yaml");
+        std::fs::write(dir.path().join(BOOTSTRAP_FILE), yaml)?;
+        Self::spawn_in(dir, listen).await
+    }
+
+    /// Start Envoy on the bootstrap in `dir` (`envoy.yaml`, and whatever it reads beside it),
+    /// and wait for its admin interface only.
+    pub async fn spawn_in(dir: tempfile::TempDir, listen: Address) -> Result<Self> {
+        let config_path = dir.path().join(BOOTSTRAP_FILE);
         let admin_path = dir.path().join("admin-address");
         let log_path = dir.path().join("envoy.log");
-        std::fs::write(&config_path, yaml)?;
         let mut child = Command::new(envoy_bin()?)
             .arg("-c")
             .arg(&config_path)

@@ -1,7 +1,7 @@
 //! Loopback helpers: a free port, and a peer that never answers.
 
 use anyhow::Result;
-use skewgate_control::bootstrap::Address;
+use skewgate_control::envoy::Address;
 
 /// A peer that accepts connections and never answers (a hung apiserver). Connections are
 /// held until the returned task is dropped or aborted.

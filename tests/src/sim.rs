@@ -7,8 +7,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use skewgate_control::bootstrap::Address;
-use skewgate_control::documents::DiscoveryDocuments;
+use skewgate_control::discovery::DiscoveryDocuments;
+use skewgate_control::envoy::Address;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 

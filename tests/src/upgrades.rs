@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use skewgate_control::bootstrap::Address;
+use skewgate_control::envoy::Address;
 
 use crate::pki::{CertFiles, TestPki};
 
@@ -22,7 +22,7 @@ impl TestPki {
     pub fn raw_tls(&self, identity: Option<&CertFiles>) -> RawTls {
         RawTls {
             ca_pem: self.cluster_ca.cert_pem.clone(),
-            server_name: skewgate_control::bootstrap::APISERVER_TLS_NAME.to_string(),
+            server_name: skewgate_control::envoy::APISERVER_TLS_NAME.to_string(),
             identity: identity.cloned(),
         }
     }

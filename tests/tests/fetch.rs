@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use skewgate_control::discovery::documents::{
+    legacy_group_list, legacy_resource_list, DiscoveryDocuments,
+};
 use skewgate_control::discovery::{APIGroupDiscoveryList, DEFAULT_MAX_DISCOVERY_BYTES};
-use skewgate_control::documents::{legacy_group_list, legacy_resource_list, DiscoveryDocuments};
 use skewgate_control::fetch::{
     spawn_apiserver_watch, Answer, Backoff, ClientTemplate, DiscoveryFetcher, DiscoveryMetrics,
     DocumentFormat, ErrorType, FetchConfig, FetchError, RefreshConfig, SyncOutcome,

@@ -253,10 +253,7 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
     eprintln!(
         "(b) first snapshot publish -> first request routed to the peer: {took:?} \
          (filter configuration resource: {} bytes)",
-        good.extension_configs[FILTER_NAME]
-            .resource
-            .value
-            .len()
+        good.extension_configs[FILTER_NAME].resource.value.len()
     );
     assert_eq!(get(&envoy, DEPLOYMENTS).await?, (200, "apiserver-a".into()));
     assert_eq!(
