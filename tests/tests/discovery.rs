@@ -95,18 +95,29 @@ async fn kubectl_api_resources_and_api_versions_list_the_union() -> Result<()> {
         .collect();
     assert_eq!(lines(&out), versions);
 
-    // The preferred version of resource.k8s.io is the newest the cluster serves.
+    // The preferred version of resource.k8s.io stays the local (1.30) apiserver's, v1alpha2,
+    // though the 1.33 peer serves newer ones; a resource only the peer serves comes from the
+    // next version in the merged order, the peer's newest (v1beta2).
     let (ok, out, err) = kubectl(
         &kubeconfig,
         &["api-resources", "--api-group=resource.k8s.io", "-o", "wide"],
     )
     .await?;
     assert!(ok, "{err}");
-    let claims = out
-        .lines()
-        .find(|l| l.starts_with("resourceclaims "))
-        .unwrap_or_default();
-    assert!(claims.contains("resource.k8s.io/v1beta2"), "{out}");
+    let line = |resource: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("{resource} ")))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        line("resourceclaims").contains("resource.k8s.io/v1alpha2"),
+        "{out}"
+    );
+    assert!(
+        line("deviceclasses").contains("resource.k8s.io/v1beta2"),
+        "{out}"
+    );
     Ok(())
 }
 
