@@ -1,7 +1,6 @@
 //! skewgate's control plane as a library: what each apiserver serves, where each request must
 //! go, and the Envoy configuration that carries those decisions to the data plane.
 
-pub mod app;
 pub mod discovery;
 pub mod envoy;
 pub mod fetch;
@@ -10,6 +9,7 @@ pub mod health;
 pub mod peers;
 pub mod plan;
 pub mod routing;
+pub mod run;
 pub mod shared_storage;
 pub mod static_config;
 pub mod xds;

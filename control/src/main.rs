@@ -2,7 +2,7 @@
 //!
 //! - `run`: the live control plane: watches identity Leases, CRDs and APIServices, fetches every
 //!   apiserver's discovery, and serves clusters and the filter configuration to Envoy over delta
-//!   ADS (`skewgate_control::app`);
+//!   ADS (`skewgate_control::run`);
 //! - `bootstrap`: prints the Envoy bootstrap for `run`;
 //! - `render-static` writes a complete static configuration from discovery documents saved to
 //!   disk, for setups without a live control plane and for benchmarks: the same bootstrap and
@@ -30,9 +30,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the live control plane beside one Envoy (identity Leases, live discovery, xDS).
-    Run(skewgate_control::app::RunArgs),
+    Run(skewgate_control::run::RunArgs),
     /// Print the Envoy bootstrap for `run` (listener, its TLS, the xDS connection).
-    Bootstrap(skewgate_control::app::BootstrapArgs),
+    Bootstrap(skewgate_control::run::BootstrapArgs),
     /// Write an Envoy configuration with a fixed routing table from saved discovery documents.
     RenderStatic(RenderStatic),
 }
@@ -159,8 +159,8 @@ fn render_static(args: RenderStatic) -> Result<()> {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Run(args) => skewgate_control::app::cli::run(args),
-        Command::Bootstrap(args) => skewgate_control::app::cli::bootstrap(args),
+        Command::Run(args) => skewgate_control::run::cli::run(args),
+        Command::Bootstrap(args) => skewgate_control::run::cli::bootstrap(args),
         Command::RenderStatic(args) => render_static(args),
     }
 }

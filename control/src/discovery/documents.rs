@@ -9,6 +9,8 @@
 
 use std::path::Path;
 
+use skewgate_core::group_version::GroupVersion;
+
 use crate::discovery::{
     self, parse_aggregated, parse_resource_list, APIGroup, APIGroupDiscovery,
     APIGroupDiscoveryList, APIGroupList, APIResource, APIResourceDiscovery, APIResourceList,
@@ -152,17 +154,9 @@ pub fn aggregated_from_legacy(
     }
 }
 
-fn group_version(group: &str, version: &str) -> String {
-    if group.is_empty() {
-        version.to_string()
-    } else {
-        format!("{group}/{version}")
-    }
-}
-
 fn for_discovery(group: &str, version: &str) -> GroupVersionForDiscovery {
     GroupVersionForDiscovery {
-        group_version: group_version(group, version),
+        group_version: GroupVersion::new(group, version).to_string(),
         version: version.to_string(),
         ..Default::default()
     }
@@ -251,7 +245,7 @@ pub fn legacy_resource_list(group: &str, version: &APIVersionDiscovery) -> APIRe
     APIResourceList {
         kind: discovery::RESOURCE_LIST_KIND.to_string(),
         api_version: "v1".to_string(),
-        group_version: group_version(group, &version.version),
+        group_version: GroupVersion::new(group, version.version.as_str()).to_string(),
         resources,
         ..Default::default()
     }

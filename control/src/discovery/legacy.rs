@@ -12,6 +12,8 @@
 //! aggregated discovery says of an unavailable APIService.
 
 use crate::discovery::documents::{aggregated_from_legacy, empty_list};
+use skewgate_core::group_version::GroupVersion;
+
 use crate::discovery::{APIGroupDiscoveryList, APIGroupList, APIResourceList, APIVersions};
 
 /// At most this many group-versions in one legacy `/apis` (one request each).
@@ -110,11 +112,7 @@ pub fn check_resource_list(
     group: &str,
     version: &str,
 ) -> Result<(), String> {
-    let expected = if group.is_empty() {
-        version.to_string()
-    } else {
-        format!("{group}/{version}")
-    };
+    let expected = GroupVersion::new(group, version).to_string();
     if list.group_version == expected {
         Ok(())
     } else {
@@ -179,7 +177,7 @@ pub fn stale_paths(apis: &APIGroupDiscoveryList) -> Vec<String> {
     for g in &apis.items {
         for v in &g.versions {
             if v.freshness.as_deref() == Some("Stale") {
-                out.push(format!("/apis/{}/{}", g.metadata.name, v.version));
+                out.push(GroupVersion::new(&g.metadata.name, &v.version).api_path());
             }
         }
     }

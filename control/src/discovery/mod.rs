@@ -505,11 +505,7 @@ impl ServedApis {
         version: &str,
         list: &APIResourceList,
     ) -> Result<(), DiscoveryError> {
-        let expected = if group.is_empty() {
-            version.to_owned()
-        } else {
-            format!("{group}/{version}")
-        };
+        let expected = skewgate_core::group_version::GroupVersion::new(group, version).to_string();
         if list.group_version != expected {
             return Err(DiscoveryError::Invalid(format!(
                 "resource list is for {:?}, expected {expected:?}",

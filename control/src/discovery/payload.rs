@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use skewgate_core::config::{DiscoveryConfig, JsonDocument, MAX_CONFIG_BYTES};
+use skewgate_core::group_version::GroupVersion;
 
 use crate::discovery::documents::{
     legacy_group, legacy_group_list, legacy_resource_list, DiscoveryDocuments,
@@ -87,11 +88,8 @@ pub fn discovery_config(
                 );
             }
             for version in &group.versions {
-                let path = if prefix == "/apis" {
-                    format!("/apis/{name}/{}", version.version)
-                } else {
-                    format!("/api/{}", version.version)
-                };
+                // The core group is the item named "" in `/api`.
+                let path = GroupVersion::new(name.as_str(), version.version.as_str()).api_path();
                 let local_version = local_group
                     .and_then(|g| g.versions.iter().find(|v| v.version == version.version));
                 differs(

@@ -1,6 +1,7 @@
 //! One apiserver's discovery over HTTP: `/apis` and `/api`, aggregated when the server can,
 //! legacy otherwise, with a timeout and a size limit on every request.
 
+use skewgate_core::group_version::GroupVersion;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -272,7 +273,7 @@ impl DiscoveryFetcher {
         let budget = Budget::new(self.inner.config.max_legacy_total_bytes);
         let mut lists = Vec::new();
         for v in plan {
-            let path = format!("/api/{v}");
+            let path = GroupVersion::new("", v.as_str()).api_path();
             // Core must answer: any error fails the fetch.
             let list = self.resource_list(&path, "", &v, &budget).await?;
             lists.push((v, list));
@@ -295,7 +296,7 @@ impl DiscoveryFetcher {
             .collect();
         let outcomes: Vec<(usize, String, VersionOutcome)> = futures_util::stream::iter(requests)
             .map(|(i, g, v)| async move {
-                let path = format!("/apis/{g}/{v}");
+                let path = GroupVersion::new(g.as_str(), v.as_str()).api_path();
                 let outcome = match self.resource_list(&path, &g, &v, budget).await {
                     Ok(list) => VersionOutcome::Served(list),
                     Err(FetchError::Status { status: 404, .. }) => VersionOutcome::Gone,

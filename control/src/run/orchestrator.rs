@@ -34,7 +34,7 @@ use crate::xds::Snapshot;
 use super::config::RunConfig;
 use super::state::{first_sync_gate, peer_urls, reconcile, Gate, Progress, SyncView};
 use super::status::{ApiserverStatus, AppMetrics, ExcludedLease, Status, View};
-use crate::plan::{plan, ApiserverView, MergedOutcome, PlanInputs, Unrouted};
+use crate::plan::{plan, ApiserverView, MergedOutcome, Plan, PlanError, PlanInputs, Unrouted};
 
 /// How long after a change the snapshot is recomputed: a burst of changes (a peer's lease and
 /// then its discovery, several peers restarting) becomes one push.
@@ -382,48 +382,101 @@ impl Orchestrator {
         self.shared.status.apiservers(apiservers, excluded);
     }
 
+    /// One recomputation: nothing before the first-sync gate opens; nothing new when the inputs
+    /// are the ones of the last plan; otherwise plan, report, and publish if Envoy would see a
+    /// difference.
     fn recompute(&mut self, set: &PeerSet, storage: &SharedStorage, deadline_passed: bool) {
-        if self.published_version.is_none() {
-            let view = SyncView {
-                peers_synced: set.synced,
-                shared_storage_synced: storage.synced,
-                local: self.local.progress(),
-                peers: set
-                    .peers
-                    .iter()
-                    .map(|p| {
-                        let progress = self
-                            .peers
-                            .get(&p.id)
-                            .map(Running::progress)
-                            .unwrap_or_default();
-                        (p.id.clone(), progress)
-                    })
-                    .collect(),
-                deadline_passed,
-            };
-            match first_sync_gate(&view) {
-                Gate::Wait(reasons) => {
-                    if reasons != self.reported_waiting {
-                        info!(?reasons, "waiting for the first complete sync; nothing is published to Envoy yet");
-                        self.reported_waiting = reasons.clone();
-                    }
-                    self.report_status(set, None);
-                    self.shared.status.waiting(reasons);
-                    return;
+        if self.published_version.is_none()
+            && !self.first_sync_allows(set, storage, deadline_passed)
+        {
+            return;
+        }
+        let fingerprint = self.fingerprint(set, storage);
+        if self.fingerprint.as_ref() == Some(&fingerprint) {
+            self.report_status(set, Some(&self.routed));
+            return;
+        }
+        let local_id = fingerprint.local_id.clone();
+        let planned = match self.plan(set, storage, &fingerprint) {
+            Ok(p) => p,
+            Err(e) => {
+                error!(error = %e, "could not build a snapshot; Envoy keeps the last one");
+                self.shared.app_metrics.compose_error();
+                self.report_status(set, None);
+                return;
+            }
+        };
+        let merged_note = self.report_plan(set, &planned);
+        let version = self.publish(&planned, &local_id, &merged_note);
+        self.fingerprint = Some(fingerprint);
+        self.routed = planned.routed.clone();
+        self.report_status(set, Some(&planned.routed));
+        self.shared.status.published(View {
+            snapshot_version: version,
+            published_at: SystemTime::now(),
+            served: planned.served,
+            plan: planned.routing,
+            shared_storage: storage.group_versions.clone(),
+            unrouted: planned.unrouted,
+            merged_discovery: merged_note,
+        });
+    }
+
+    /// Before the first publication: may it happen now? Reports why not.
+    fn first_sync_allows(
+        &mut self,
+        set: &PeerSet,
+        storage: &SharedStorage,
+        deadline_passed: bool,
+    ) -> bool {
+        let view = SyncView {
+            peers_synced: set.synced,
+            shared_storage_synced: storage.synced,
+            local: self.local.progress(),
+            peers: set
+                .peers
+                .iter()
+                .map(|p| {
+                    let progress = self
+                        .peers
+                        .get(&p.id)
+                        .map(Running::progress)
+                        .unwrap_or_default();
+                    (p.id.clone(), progress)
+                })
+                .collect(),
+            deadline_passed,
+        };
+        match first_sync_gate(&view) {
+            Gate::Wait(reasons) => {
+                if reasons != self.reported_waiting {
+                    info!(
+                        ?reasons,
+                        "waiting for the first complete sync; nothing is published to Envoy yet"
+                    );
+                    self.reported_waiting = reasons.clone();
                 }
-                Gate::Publish { incomplete } if !incomplete.is_empty() => warn!(
-                    ?incomplete,
-                    timeout = ?self.config.initial_sync_timeout,
-                    "the initial sync deadline passed: publishing what is known"
-                ),
-                Gate::Publish { .. } => {}
+                self.report_status(set, None);
+                self.shared.status.waiting(reasons);
+                false
+            }
+            Gate::Publish { incomplete } => {
+                if !incomplete.is_empty() {
+                    warn!(
+                        ?incomplete,
+                        timeout = ?self.config.initial_sync_timeout,
+                        "the initial sync deadline passed: publishing what is known"
+                    );
+                }
+                true
             }
         }
+    }
 
-        let local_id = self.local_id(set);
-        let fingerprint = Fingerprint {
-            local_id: local_id.clone(),
+    /// What a plan would be computed from now.
+    fn fingerprint(&self, set: &PeerSet, storage: &SharedStorage) -> Fingerprint {
+        Fingerprint {
+            local_id: self.local_id(set),
             local: self.local.watch.current(),
             peers: set
                 .peers
@@ -437,12 +490,15 @@ impl Orchestrator {
                 })
                 .collect(),
             shared: storage.group_versions.clone(),
-        };
-        if self.fingerprint.as_ref() == Some(&fingerprint) {
-            self.report_status(set, Some(&self.routed));
-            return;
         }
+    }
 
+    fn plan(
+        &self,
+        set: &PeerSet,
+        storage: &SharedStorage,
+        fingerprint: &Fingerprint,
+    ) -> Result<Plan, PlanError> {
         let addresses: Vec<Address> = set
             .peers
             .iter()
@@ -461,9 +517,9 @@ impl Orchestrator {
                 documents: docs.as_deref(),
             })
             .collect();
-        let composed = plan(&PlanInputs {
+        plan(&PlanInputs {
             local: ApiserverView {
-                id: &local_id,
+                id: &fingerprint.local_id,
                 address: &self.config.local.address,
                 documents: fingerprint.local.as_deref(),
             },
@@ -471,20 +527,15 @@ impl Orchestrator {
             shared_storage: &storage.group_versions,
             wasm_path: &self.config.wasm,
             upstream_tls: self.config.upstream_tls.as_ref(),
-        });
-        let c = match composed {
-            Ok(c) => c,
-            Err(e) => {
-                error!(error = %e, "could not build a snapshot; Envoy keeps the last one");
-                self.shared.app_metrics.compose_error();
-                self.report_status(set, None);
-                return;
-            }
-        };
+        })
+    }
 
+    /// Logs (once per change) what the plan left out, and updates the metrics. Returns the
+    /// merged-discovery note for the status page.
+    fn report_plan(&mut self, set: &PeerSet, planned: &Plan) -> String {
         // Unrouted peers are reported once they were tried (a peer that just joined has not
         // answered yet).
-        let tried_unrouted: Vec<Unrouted> = c
+        let tried_unrouted: Vec<Unrouted> = planned
             .unrouted
             .iter()
             .filter(|u| {
@@ -500,7 +551,11 @@ impl Orchestrator {
             }
         }
         self.reported_unrouted = tried_unrouted;
-        let merged_note = match &c.merged {
+        self.shared.app_metrics.peers(
+            planned.routed.len(),
+            set.peers.len().saturating_sub(planned.routed.len()),
+        );
+        match &planned.merged {
             MergedOutcome::Included { bytes } => {
                 if self.merged_skipped.take().is_some() {
                     info!(
@@ -519,49 +574,37 @@ impl Orchestrator {
                 self.shared.app_metrics.merged(None);
                 format!("skipped: {reason}")
             }
-        };
-        self.shared.app_metrics.peers(
-            c.routed.len(),
-            set.peers.len().saturating_sub(c.routed.len()),
-        );
-
-        let version = c.snapshot.version();
-        if self.published_version.as_deref() != Some(version.as_str()) {
-            let first = self.published_version.is_none();
-            info!(
-                version = %version,
-                local = %local_id,
-                routed_peers = ?c.routed,
-                clusters = c.snapshot.clusters.len(),
-                filter_config_bytes = c.routing.config.to_json().len(),
-                merged_discovery = %merged_note,
-                "publishing a new snapshot to Envoy"
-            );
-            self.publisher
-                .send_replace(Some(Arc::new(c.snapshot.clone())));
-            self.shared.app_metrics.published();
-            if first {
-                let after = self.started.elapsed();
-                info!(after = ?after, "first complete sync published: Envoy may open its listener");
-                self.shared
-                    .app_metrics
-                    .set_ready(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
-            }
-            self.published_version = Some(version.clone());
-        } else {
-            debug!(version = %version, "recomputed: nothing changed for Envoy");
         }
-        self.fingerprint = Some(fingerprint);
-        self.routed = c.routed.clone();
-        self.report_status(set, Some(&c.routed));
-        self.shared.status.published(View {
-            snapshot_version: version,
-            published_at: SystemTime::now(),
-            served: c.served,
-            plan: c.routing,
-            shared_storage: storage.group_versions.clone(),
-            unrouted: c.unrouted,
-            merged_discovery: merged_note,
-        });
+    }
+
+    /// Hands the snapshot to the xDS server when its version is new. Returns the version.
+    fn publish(&mut self, planned: &Plan, local_id: &str, merged_note: &str) -> String {
+        let version = planned.snapshot.version();
+        if self.published_version.as_deref() == Some(version.as_str()) {
+            debug!(version = %version, "recomputed: nothing changed for Envoy");
+            return version;
+        }
+        let first = self.published_version.is_none();
+        info!(
+            version = %version,
+            local = %local_id,
+            routed_peers = ?planned.routed,
+            clusters = planned.snapshot.clusters.len(),
+            filter_config_bytes = planned.routing.config.to_json().len(),
+            merged_discovery = %merged_note,
+            "publishing a new snapshot to Envoy"
+        );
+        self.publisher
+            .send_replace(Some(Arc::new(planned.snapshot.clone())));
+        self.shared.app_metrics.published();
+        if first {
+            let after = self.started.elapsed();
+            info!(after = ?after, "first complete sync published: Envoy may open its listener");
+            self.shared
+                .app_metrics
+                .set_ready(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
+        }
+        self.published_version = Some(version.clone());
+        version
     }
 }
