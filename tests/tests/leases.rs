@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use skewgate_control::peers::{
-    self, AddressPolicy, AddressSource, Exclusion, LocalSelector, MappingEntry, PeerConfig,
-    PeerMetrics, PeerSet, PeerWatcher, RejectReason,
+    self, AddressPolicy, AddressSource, Exclusion, LeaseField, LocalSelector, MappingEntry,
+    PeerConfig, PeerMetrics, PeerSet, PeerWatcher, RejectReason,
 };
 use skewgate_tests::{watch_until, Etcd, PeerAdvertise, SimApiserver, SimOptions};
 
@@ -442,6 +442,182 @@ async fn addresses_outside_the_cidrs_or_not_ip_port_never_become_peers() -> Resu
         set.excluded(&b_lease).map(|e| e.reason),
         Some(Exclusion::Address(RejectReason::NoCidrs))
     );
+    Ok(())
+}
+
+/// Every snapshot for `for_at_least` satisfies `pred` (the watcher publishes on every change,
+/// renewals included, so this sees each renewal).
+async fn holds_for(
+    w: &PeerWatcher,
+    what: &str,
+    for_at_least: Duration,
+    pred: impl Fn(&PeerSet) -> bool,
+) -> Result<usize> {
+    let mut rx = w.updates.clone();
+    let until = Instant::now() + for_at_least;
+    let mut seen = 0;
+    while Instant::now() < until {
+        {
+            let set = rx.borrow_and_update();
+            if !pred(&set) {
+                bail!("{what}: not so after {seen} snapshots: {:#?}", *set);
+            }
+            seen += 1;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        let _ = tokio::time::timeout(left.min(Duration::from_millis(500)), rx.changed()).await;
+    }
+    Ok(seen)
+}
+
+/// A valid time for kube-apiserver (Go), out of range for k8s-openapi's `Lease` (jiff).
+const YEAR_9999: &str = "9999-12-31T23:59:59Z";
+
+#[tokio::test]
+async fn a_lease_whose_renew_time_is_out_of_range_is_ignored_not_the_watch() -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, ListParams};
+
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
+    // Anyone who may write Leases in kube-system, before the control plane starts...
+    let listed = "apiserver-forged-9999-listed";
+    forge_lease(&b.url(), listed, listed, Some("127.0.0.9:6443"), YEAR_9999).await?;
+    // What the watch used to do with it: k8s-openapi's Lease cannot list the identity leases
+    // at all, so no peer was seen.
+    let client = peers::client_from_kubeconfig(Some(&a.kubeconfig_in(dir.path())?)).await?;
+    let typed: Api<Lease> = Api::namespaced(client, "kube-system");
+    let err = typed
+        .list(&ListParams::default().labels(&peers::label_selector()))
+        .await
+        .expect_err("k8s-openapi's Lease cannot hold year 9999");
+    println!("a typed list fails: {err}");
+
+    let grace = Duration::from_secs(3);
+    let w = watch_peers(&a, &dir, config(grace)).await?;
+    let b_lease = b.lease_name();
+    let (set, _) = wait_for(
+        &w,
+        "b seen despite the bad lease",
+        Duration::from_secs(20),
+        |s| s.synced && s.peer(&b_lease).is_some(),
+    )
+    .await?;
+    assert_eq!(
+        set.excluded(listed).map(|e| e.reason),
+        Some(Exclusion::Malformed(LeaseField::RenewTime))
+    );
+    assert_eq!(
+        set.local.as_ref().map(|l| l.id.clone()),
+        Some(a.lease_name())
+    );
+
+    // ...and one written while it watches (a watch event, not the list).
+    let watched = "apiserver-forged-9999-watched";
+    forge_lease(
+        &b.url(),
+        watched,
+        watched,
+        Some("127.0.0.9:6443"),
+        YEAR_9999,
+    )
+    .await?;
+    wait_for(
+        &w,
+        "the second bad lease excluded",
+        Duration::from_secs(10),
+        |s| {
+            s.excluded(watched).map(|e| e.reason)
+                == Some(Exclusion::Malformed(LeaseField::RenewTime))
+        },
+    )
+    .await?;
+    // Renewals keep being seen: with a 3 s grace b would drop out if the watch had stopped.
+    let seen = holds_for(&w, "b stays live", grace * 2 + RENEW, |s| {
+        s.peer(&b_lease).is_some()
+            && s.peers.len() == 1
+            && s.local.as_ref().is_some_and(|l| l.live)
+            && !s.stale
+    })
+    .await?;
+    println!(
+        "{seen} snapshots with b live; excluded: {:?}",
+        w.current().excluded
+    );
+
+    // Each bad lease is counted once (not on every evaluation), and the watch never failed.
+    let m = &w.metrics;
+    assert_eq!(m.malformed_total(LeaseField::RenewTime), 2);
+    assert_eq!(m.watch_errors_total(), 0);
+    assert!(m
+        .render()
+        .contains("skewgate_peer_leases_malformed_total{field=\"renew_time\"} 2\n"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn liveness_follows_observed_renewals_not_the_peers_clocks() -> Result<()> {
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let five_minutes = Duration::from_secs(300);
+    let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let skewed = |id: &str, offset: &str| SimOptions {
+        extra_args: vec![format!("--lease-clock-offset={offset}")],
+        ..shared(id, "k8s-1.33", &etcd)
+    };
+    let behind = SimApiserver::start_with(skewed("apiserver-behind", "-5m")).await?;
+    let ahead = SimApiserver::start_with(skewed("apiserver-ahead", "5m")).await?;
+    let grace = Duration::from_secs(3);
+    let w = watch_peers(&a, &dir, config(grace)).await?;
+    let (behind_lease, ahead_lease) = (behind.lease_name(), ahead.lease_name());
+
+    // The lagging peer's renewTime looks 5 minutes old at first sight; its next renewal
+    // confirms it.
+    let (set, took) = wait_for(&w, "both skewed peers live", Duration::from_secs(20), |s| {
+        s.peer(&behind_lease).is_some() && s.peer(&ahead_lease).is_some()
+    })
+    .await?;
+    println!("skewed peers live {took:?} after the watcher started");
+    let now = std::time::SystemTime::now();
+    let lag = now
+        .duration_since(set.peer(&behind_lease).context("behind")?.renew_time)
+        .unwrap_or_default();
+    assert!(lag >= five_minutes - grace, "its clock lags: {lag:?}");
+    let lead = set
+        .peer(&ahead_lease)
+        .context("ahead")?
+        .renew_time
+        .duration_since(now)
+        .unwrap_or_default();
+    assert!(lead >= five_minutes - grace, "its clock leads: {lead:?}");
+
+    // Both stay live while they renew, for well over the grace.
+    holds_for(&w, "skewed peers stay live", grace * 2 + RENEW, |s| {
+        s.peer(&behind_lease).is_some() && s.peer(&ahead_lease).is_some()
+    })
+    .await?;
+
+    // The one whose renewTime is 5 minutes in the future stops renewing: dead after the grace,
+    // not 5 minutes later.
+    ahead.toggle_lease_renewal()?;
+    let stopped = Instant::now();
+    let (set, took) = wait_for(&w, "ahead expires", grace + Duration::from_secs(5), |s| {
+        s.peer(&ahead_lease).is_none()
+    })
+    .await?;
+    println!("future renewTime, renewals stopped -> peer gone: {took:?} (grace {grace:?})");
+    assert!(stopped.elapsed() >= grace - RENEW - Duration::from_millis(200));
+    assert_eq!(
+        set.excluded(&ahead_lease).map(|e| e.reason),
+        Some(Exclusion::Expired)
+    );
+    assert!(
+        set.peer(&behind_lease).is_some(),
+        "the lagging one renews on"
+    );
+    assert_eq!(w.metrics.watch_errors_total(), 0);
     Ok(())
 }
 

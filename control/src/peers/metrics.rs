@@ -4,10 +4,12 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::address::RejectReason;
+use super::model::LeaseField;
 
 #[derive(Debug, Default)]
 pub struct PeerMetrics {
     address_rejected: [AtomicU64; RejectReason::ALL.len()],
+    malformed: [AtomicU64; LeaseField::ALL.len()],
     watch_errors: AtomicU64,
     restarts: AtomicU64,
     live_peers: AtomicU64,
@@ -21,6 +23,15 @@ impl PeerMetrics {
 
     pub fn rejected_total(&self, reason: RejectReason) -> u64 {
         self.address_rejected[reason.index()].load(Ordering::Relaxed)
+    }
+
+    /// A lease that cannot be read was ignored (counted once per lease and value).
+    pub fn malformed(&self, field: LeaseField) {
+        self.malformed[field.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn malformed_total(&self, field: LeaseField) -> u64 {
+        self.malformed[field.index()].load(Ordering::Relaxed)
     }
 
     pub fn watch_error(&self) {
@@ -60,6 +71,18 @@ impl PeerMetrics {
                 self.rejected_total(r)
             );
         }
+        out.push_str(
+            "# HELP skewgate_peer_leases_malformed_total Identity leases ignored because a field cannot be read, by field (reported once per lease and value).\n\
+             # TYPE skewgate_peer_leases_malformed_total counter\n",
+        );
+        for f in LeaseField::ALL {
+            let _ = writeln!(
+                out,
+                "skewgate_peer_leases_malformed_total{{field=\"{}\"}} {}",
+                f.label(),
+                self.malformed_total(f)
+            );
+        }
         let _ = write!(
             out,
             "# HELP skewgate_peer_watch_errors_total Errors of the identity lease watch (it retries with backoff).\n\
@@ -71,7 +94,7 @@ impl PeerMetrics {
              # HELP skewgate_peers_live Live peer apiservers with an accepted address.\n\
              # TYPE skewgate_peers_live gauge\n\
              skewgate_peers_live {}\n\
-             # HELP skewgate_peer_leases_excluded Identity leases that are not peers (dead, no usable address).\n\
+             # HELP skewgate_peer_leases_excluded Identity leases that are not peers (dead, unconfirmed, malformed, no usable address).\n\
              # TYPE skewgate_peer_leases_excluded gauge\n\
              skewgate_peer_leases_excluded {}\n",
             self.watch_errors_total(),
@@ -93,8 +116,11 @@ mod tests {
         m.address_rejected(RejectReason::OutsideCidrs);
         m.address_rejected(RejectReason::OutsideCidrs);
         m.address_rejected(RejectReason::Hostname);
+        m.malformed(LeaseField::RenewTime);
         m.set_counts(2, 1);
         let text = m.render();
+        assert!(text.contains("skewgate_peer_leases_malformed_total{field=\"renew_time\"} 1\n"));
+        assert!(text.contains("skewgate_peer_leases_malformed_total{field=\"metadata\"} 0\n"));
         assert!(text.contains("skewgate_peer_address_rejected_total{reason=\"outside_cidrs\"} 2\n"));
         assert!(text.contains("skewgate_peer_address_rejected_total{reason=\"hostname\"} 1\n"));
         assert!(text.contains("skewgate_peer_address_rejected_total{reason=\"no_cidrs\"} 0\n"));

@@ -8,9 +8,12 @@
 //!
 //! - [`address`]: the address policy (operator mapping, then the annotation inside the
 //!   operator's CIDRs) — pure;
-//! - [`model`]: liveness (short grace, not kube's hour), restart detection (generations),
-//!   which lease is local, and the deterministic [`PeerSet`] — pure, table-tested;
-//! - [`metrics`]: counters (`skewgate_peer_address_rejected_total{reason}`, ...);
+//! - [`model`]: liveness judged by when we saw each lease renewed (our monotonic clock, not the
+//!   peers' `renewTime`; short grace, not kube's hour), restart detection (generations), which
+//!   lease is local, and the deterministic [`PeerSet`] — pure, table-tested;
+//! - [`lease`]: the Lease read leniently, so one malformed Lease is ignored, not the watch;
+//! - [`metrics`]: counters (`skewgate_peer_address_rejected_total{reason}`,
+//!   `skewgate_peer_leases_malformed_total{field}`, ...);
 //! - [`watcher`]: the kube-runtime watcher feeding the model, publishing on a
 //!   `tokio::sync::watch` channel.
 //!
@@ -35,6 +38,7 @@
 //! ```
 
 pub mod address;
+pub mod lease;
 pub mod metrics;
 pub mod model;
 pub mod watcher;
@@ -43,10 +47,11 @@ pub use address::{
     parse_cidr, parse_socket_address, AddressPolicy, AddressSource, MappingEntry, RejectReason,
     PEER_ADVERTISE_ADDRESS_ANNOTATION,
 };
+pub use lease::{parse_micro_time, IdentityLease};
 pub use metrics::PeerMetrics;
 pub use model::{
-    is_live, Evaluation, ExcludedPeer, Exclusion, LeaseInfo, LocalLease, LocalSelector, Notice,
-    Peer, PeerConfig, PeerSet, Tracker, DEFAULT_GRACE, HOSTNAME_LABEL, IDENTITY_LABEL,
-    IDENTITY_LABEL_VALUE, LEASE_NAMESPACE,
+    is_live, plausible_at_first_sight, Evaluation, ExcludedPeer, Exclusion, LeaseField, LeaseInfo,
+    LocalLease, LocalSelector, MalformedLease, Moment, Notice, Peer, PeerConfig, PeerSet, Tracker,
+    DEFAULT_GRACE, HOSTNAME_LABEL, IDENTITY_LABEL, IDENTITY_LABEL_VALUE, LEASE_NAMESPACE,
 };
 pub use watcher::{client_from_kubeconfig, label_selector, lease_info, PeerWatcher};

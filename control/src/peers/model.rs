@@ -1,12 +1,39 @@
 //! The pure part of the peer watcher: identity leases in, [`PeerSet`] snapshots out.
 //!
 //! A [`Tracker`] holds the leases the watcher has seen (plain [`LeaseInfo`] data, no kube
-//! types) and, for a given wall-clock `now`, evaluates them:
+//! types), remembers when *we* saw each one renewed, and for a given monotonic `now`
+//! evaluates them. Time is always passed in: the tracker reads no clock.
 //!
-//! - **liveness**: a lease is live while `now - renewTime <= grace` (default 30 s). A lease
-//!   without `renewTime` is never live. A `renewTime` in the future (clock skew) counts as
-//!   just renewed. `leaseDurationSeconds` is ignored on purpose: kube-apiserver writes 3600 and
-//!   keeps dead peers for up to an hour; we must not.
+//! - **liveness, without trusting the peers' clocks**: a lease is live while
+//!   `now - observed <= grace` (default 30 s), where `observed` is the [`Instant`] (our
+//!   monotonic clock) at which this control plane last saw the lease's renewal record change —
+//!   its `spec.renewTime` or its `spec.holderIdentity` — as client-go's leader election does
+//!   with its `observedTime`. The value of `renewTime` is only compared with the previous value,
+//!   never with our clock, so a peer whose clock runs minutes behind stays live while it keeps
+//!   renewing, and a `renewTime` far in the future keeps nobody alive: a lease that stops
+//!   changing is dead `grace` after we last saw it change. `resourceVersion` is not the signal:
+//!   any write (a label, an annotation, `kubectl annotate`) bumps it, and only a renewal says
+//!   the apiserver is running. A lease without `renewTime` is never live.
+//!   `leaseDurationSeconds` is ignored on purpose: kube-apiserver writes 3600 and keeps dead
+//!   peers for up to an hour; we must not.
+//! - **first sight** (the initial list after our start, a lease created or labelled later, a
+//!   re-list that finds a lease we did not know): we have no earlier value to compare with, so
+//!   the lease's own `renewTime` is the only evidence, and it is trusted only this once and
+//!   only as far as the grace: if `|wall clock - renewTime| <= grace` the lease counts as
+//!   observed at that moment (so a restart of the control plane does not declare every peer
+//!   dead, nor wait a renewal for them); otherwise it is [`Exclusion::Unconfirmed`] — not live —
+//!   until we see it change. So the lease of an apiserver that died long ago (kube leaves it for
+//!   an hour) is not resurrected by our restart (it would hold the first publication up until
+//!   the sync deadline, waiting for the discovery of a dead peer), a `renewTime` in year 9999
+//!   is never live unless it keeps changing, and a live peer whose clock is far off is
+//!   confirmed by its next renewal (kube: within 10 s). A re-list compares with what we had:
+//!   an unchanged lease keeps its observation, a changed one is observed at the re-list.
+//! - **malformed leases**: a lease whose fields we read cannot be read (a `renewTime` that is
+//!   not an RFC 3339 time k8s-openapi can represent, such as `9999-12-31T23:59:59Z`; a
+//!   `holderIdentity` that is not a string; a `spec` that is not an object; metadata that does
+//!   not parse) is ignored: [`Exclusion::Malformed`] with the field, reported once
+//!   ([`Notice::Malformed`]). It is never a peer nor the local lease. The watcher parses leases
+//!   leniently (see [`super::lease`]), so one such lease never breaks the watch.
 //! - **restarts**: kube-apiserver writes a new `holderIdentity` (`<id>_<uuid>`) every time it
 //!   starts. Each (lease name, holder identity) pair gets its own `generation` from one
 //!   increasing counter, so a restart — or a lease that is deleted and comes back — changes the
@@ -18,13 +45,14 @@
 //! - **a failing watch**: while the lease watch is failing we cannot tell a dead peer from one
 //!   whose renewals we do not see, so liveness is frozen at the moment the watch failed
 //!   ([`PeerSet::stale`]) until it works again. Dropping every peer instead would turn their
-//!   resources into 404s; keeping them costs at most a 503 from a peer that really died.
+//!   resources into 404s; keeping them costs at most a 503 from a peer that really died. When
+//!   it works again, leases renewed meanwhile have changed (observed then); the others expire.
 //!
 //! Snapshots are deterministic: peers and exclusions sorted by lease name.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::address::{AddressPolicy, AddressSource, RejectReason};
 
@@ -35,7 +63,8 @@ pub const IDENTITY_LABEL_VALUE: &str = "kube-apiserver";
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// Where kube-apiserver keeps its identity leases.
 pub const LEASE_NAMESPACE: &str = "kube-system";
-/// Default grace after the last renewal before a peer counts as dead (kube renews every 10 s).
+/// Default grace after the last observed renewal before a peer counts as dead (kube renews
+/// every 10 s).
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
 /// Which lease belongs to the apiserver this control plane sits beside.
@@ -53,7 +82,7 @@ pub enum LocalSelector {
 /// Everything the peer watcher is told by the operator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerConfig {
-    /// After this long without a renewal a peer is dead.
+    /// After this long without an observed renewal a peer is dead.
     pub grace: Duration,
     pub policy: AddressPolicy,
     pub local: LocalSelector,
@@ -69,6 +98,66 @@ impl Default for PeerConfig {
     }
 }
 
+/// A moment as both of our clocks tell it: the monotonic one for observations and liveness,
+/// the wall clock only to judge a lease seen for the first time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moment {
+    pub mono: Instant,
+    pub wall: SystemTime,
+}
+
+impl Moment {
+    pub fn now() -> Moment {
+        Moment {
+            mono: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+}
+
+/// A field of an identity lease that could not be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LeaseField {
+    /// `metadata` (e.g. a timestamp out of range, a label that is not a string).
+    Metadata,
+    /// `spec` is not an object.
+    Spec,
+    /// `spec.holderIdentity` is not a string.
+    HolderIdentity,
+    /// `spec.renewTime` is not a time (RFC 3339, within what k8s-openapi represents).
+    RenewTime,
+}
+
+impl LeaseField {
+    pub const ALL: [LeaseField; 4] = [
+        LeaseField::Metadata,
+        LeaseField::Spec,
+        LeaseField::HolderIdentity,
+        LeaseField::RenewTime,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            LeaseField::Metadata => "metadata",
+            LeaseField::Spec => "spec",
+            LeaseField::HolderIdentity => "holder_identity",
+            LeaseField::RenewTime => "renew_time",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why a lease could not be read: the field and what was wrong (for the log).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MalformedLease {
+    pub field: LeaseField,
+    pub detail: String,
+}
+
 /// What we read from one identity lease.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeaseInfo {
@@ -77,9 +166,23 @@ pub struct LeaseInfo {
     pub holder_identity: Option<String>,
     /// The `kubernetes.io/hostname` label.
     pub hostname: Option<String>,
+    /// As the peer wrote it (its clock): compared with the previous value, never with ours
+    /// (except at first sight, see the module doc).
     pub renew_time: Option<SystemTime>,
     /// The `kubernetes.io/peer-advertise-address` annotation, as written.
     pub peer_advertise_address: Option<String>,
+    /// Set when a field we read could not be read: the lease is ignored.
+    pub malformed: Option<MalformedLease>,
+}
+
+impl LeaseInfo {
+    /// The same renewal record (holder identity and renew time, or the same breakage): no
+    /// renewal was observed between `self` and `other`.
+    fn same_renewal(&self, other: &LeaseInfo) -> bool {
+        self.holder_identity == other.holder_identity
+            && self.renew_time == other.renew_time
+            && self.malformed == other.malformed
+    }
 }
 
 /// A live peer apiserver we may route to.
@@ -89,6 +192,7 @@ pub struct Peer {
     pub id: String,
     pub holder_identity: String,
     pub hostname: Option<String>,
+    /// The last `renewTime` as the peer wrote it (its clock; informational).
     pub renew_time: SystemTime,
     pub address: SocketAddr,
     pub address_source: AddressSource,
@@ -110,9 +214,14 @@ pub struct LocalLease {
 /// Why a lease is not in [`PeerSet::peers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Exclusion {
+    /// A field we read could not be read: the lease is ignored.
+    Malformed(LeaseField),
     /// No `spec.renewTime`.
     NeverRenewed,
-    /// Not renewed within the grace.
+    /// Seen for the first time with a `renewTime` more than the grace away from our clock,
+    /// and not seen renewing since.
+    Unconfirmed,
+    /// Not seen renewing within the grace.
     Expired,
     /// No usable address (see the reason).
     Address(RejectReason),
@@ -162,14 +271,18 @@ impl PeerSet {
     }
 }
 
-/// `now - renew <= grace`; never renewed is dead; a renewal in the future is live.
-pub fn is_live(renew: Option<SystemTime>, now: SystemTime, grace: Duration) -> bool {
-    match renew {
-        None => false,
-        Some(t) => match now.duration_since(t) {
-            Ok(age) => age <= grace,
-            Err(_) => true,
-        },
+/// `now - observed <= grace`, `observed` being when we last saw the lease renewed (our
+/// monotonic clock); never observed is not live.
+pub fn is_live(observed: Option<Instant>, now: Instant, grace: Duration) -> bool {
+    observed.is_some_and(|o| now.saturating_duration_since(o) <= grace)
+}
+
+/// Whether a `renewTime` seen for the first time may stand for "renewed just now": within the
+/// grace of our wall clock, either way.
+pub fn plausible_at_first_sight(renew: SystemTime, now: SystemTime, grace: Duration) -> bool {
+    match now.duration_since(renew) {
+        Ok(age) => age <= grace,
+        Err(ahead) => ahead.duration() <= grace,
     }
 }
 
@@ -190,6 +303,12 @@ pub enum Notice {
         value: Option<String>,
         reason: RejectReason,
     },
+    /// A lease could not be read and is ignored. Reported once per (lease, field, detail).
+    Malformed {
+        id: String,
+        field: LeaseField,
+        detail: String,
+    },
 }
 
 /// The result of one evaluation.
@@ -201,11 +320,26 @@ pub struct Evaluation {
     pub next_expiry: Option<Duration>,
 }
 
-/// The leases seen so far and the generations handed out.
+/// A lease and when we last saw it renewed.
+#[derive(Clone, Debug)]
+struct Tracked {
+    info: LeaseInfo,
+    /// `None`: seen only with an implausible `renewTime` and never renewed since.
+    observed: Option<Instant>,
+}
+
+/// What was last reported about a lease, so it is reported once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Reported {
+    Address(Option<String>, RejectReason),
+    Malformed(MalformedLease),
+}
+
+/// The leases seen so far, when each was last seen renewed, and the generations handed out.
 #[derive(Debug)]
 pub struct Tracker {
     config: PeerConfig,
-    leases: BTreeMap<String, LeaseInfo>,
+    leases: BTreeMap<String, Tracked>,
     /// A re-list in progress (kube-runtime's Init .. InitDone); `leases` stays current until
     /// it completes.
     relist: Option<BTreeMap<String, LeaseInfo>>,
@@ -213,12 +347,12 @@ pub struct Tracker {
     generations: BTreeMap<String, (String, u64)>,
     next_generation: u64,
     synced: bool,
-    /// lease name -> what was last reported as refused, so it is reported once.
-    reported: BTreeMap<String, (Option<String>, RejectReason)>,
+    /// lease name -> what was last reported as refused or malformed, so it is reported once.
+    reported: BTreeMap<String, Reported>,
     /// Restarts seen since the last evaluation.
     pending_notices: Vec<Notice>,
     /// Set while the watch is failing: liveness is evaluated as of then.
-    frozen_at: Option<SystemTime>,
+    frozen_at: Option<Instant>,
 }
 
 impl Tracker {
@@ -238,7 +372,7 @@ impl Tracker {
 
     /// The watch failed at `now`: freeze liveness (the first failure counts) until
     /// [`Tracker::watch_ok`].
-    pub fn watch_failed(&mut self, now: SystemTime) {
+    pub fn watch_failed(&mut self, now: Instant) {
         self.frozen_at.get_or_insert(now);
     }
 
@@ -249,6 +383,11 @@ impl Tracker {
 
     pub fn config(&self) -> &PeerConfig {
         &self.config
+    }
+
+    /// When we last saw `name` renewed (`None`: unknown, or never confirmed).
+    pub fn observed(&self, name: &str) -> Option<Instant> {
+        self.leases.get(name).and_then(|t| t.observed)
     }
 
     /// The generation of `(name, holder)`, handing out a new one for a new pair.
@@ -274,10 +413,24 @@ impl Tracker {
         }
     }
 
-    /// A lease was added or changed.
-    pub fn apply(&mut self, info: LeaseInfo) {
-        self.generation_for(&info);
-        self.leases.insert(info.name.clone(), info);
+    /// A lease was added or changed, seen `at`.
+    pub fn apply(&mut self, info: LeaseInfo, at: Moment) {
+        let observed = match self.leases.get(&info.name) {
+            // Nothing renewed (e.g. an annotation changed, or a re-list): keep what we had.
+            Some(known) if known.info.same_renewal(&info) => known.observed,
+            // A renewal (or a restart, or a repair) seen now.
+            Some(_) => Some(at.mono),
+            // First sight: only a plausible renewTime stands for "renewed now".
+            None => info
+                .renew_time
+                .filter(|t| plausible_at_first_sight(*t, at.wall, self.config.grace))
+                .map(|_| at.mono),
+        };
+        if info.malformed.is_none() {
+            self.generation_for(&info);
+        }
+        self.leases
+            .insert(info.name.clone(), Tracked { info, observed });
     }
 
     /// A lease was deleted.
@@ -298,8 +451,9 @@ impl Tracker {
             .insert(info.name.clone(), info);
     }
 
-    /// The list is complete: it replaces what we had (leases deleted meanwhile disappear).
-    pub fn finish_relist(&mut self) {
+    /// The list is complete, `at`: it replaces what we had (leases deleted meanwhile
+    /// disappear; leases that changed count as renewed `at`).
+    pub fn finish_relist(&mut self, at: Moment) {
         let listed = self.relist.take().unwrap_or_default();
         let gone: Vec<String> = self
             .leases
@@ -311,33 +465,46 @@ impl Tracker {
             self.delete(&name);
         }
         for info in listed.into_values() {
-            self.apply(info);
+            self.apply(info, at);
         }
         self.synced = true;
     }
 
-    fn local_name(&self, now: SystemTime) -> Option<String> {
+    fn local_name(&self, now: Instant) -> Option<String> {
         match &self.config.local {
             LocalSelector::None => None,
-            LocalSelector::LeaseName(n) => self.leases.contains_key(n).then(|| n.clone()),
+            LocalSelector::LeaseName(n) => self
+                .leases
+                .get(n)
+                .filter(|t| t.info.malformed.is_none())
+                .map(|_| n.clone()),
             LocalSelector::Hostname(h) => self
                 .leases
                 .values()
-                .filter(|l| l.hostname.as_deref() == Some(h.as_str()))
-                // Prefer live, then the latest renewal, then the smallest name.
+                .filter(|t| t.info.malformed.is_none())
+                .filter(|t| t.info.hostname.as_deref() == Some(h.as_str()))
+                // Prefer live, then the latest observed renewal, then the latest renewTime (the
+                // writers' clocks: only a tie-break), then the smallest name.
                 .max_by(|a, b| {
-                    let live = |l: &LeaseInfo| is_live(l.renew_time, now, self.config.grace);
-                    (live(a), a.renew_time)
-                        .cmp(&(live(b), b.renew_time))
-                        .then_with(|| b.name.cmp(&a.name))
+                    let key = |t: &Tracked| {
+                        (
+                            t.info.renew_time.is_some()
+                                && is_live(t.observed, now, self.config.grace),
+                            t.observed,
+                            t.info.renew_time,
+                        )
+                    };
+                    key(a)
+                        .cmp(&key(b))
+                        .then_with(|| b.info.name.cmp(&a.info.name))
                 })
-                .map(|l| l.name.clone()),
+                .map(|t| t.info.name.clone()),
         }
     }
 
     /// The peer set as of `now` (or as of the watch failure, while it fails), and what to
     /// log.
-    pub fn evaluate(&mut self, now: SystemTime) -> Evaluation {
+    pub fn evaluate(&mut self, now: Instant) -> Evaluation {
         let stale = self.frozen_at.is_some();
         let now = self.frozen_at.map_or(now, |f| f.min(now));
         let grace = self.config.grace;
@@ -349,30 +516,42 @@ impl Tracker {
         };
         let mut notices = std::mem::take(&mut self.pending_notices);
         let mut next_expiry: Option<Duration> = None;
-        let mut still_rejected = BTreeMap::new();
-        for info in self.leases.values() {
+        let mut still_reported = BTreeMap::new();
+        for Tracked { info, observed } in self.leases.values() {
             let holder = info.holder_identity.clone().unwrap_or_default();
             let generation = self
                 .generations
                 .get(&info.name)
                 .map(|(_, g)| *g)
                 .unwrap_or(0);
-            let live = is_live(info.renew_time, now, grace);
-            if live {
-                if let Some(renew) = info.renew_time {
-                    // Dead just after renew + grace.
-                    let left = (renew + grace + Duration::from_millis(1))
-                        .duration_since(now)
-                        .unwrap_or_default();
-                    next_expiry = Some(next_expiry.map_or(left, |n| n.min(left)));
-                }
-            }
             let exclude = |reason| ExcludedPeer {
                 id: info.name.clone(),
                 holder_identity: holder.clone(),
                 generation,
                 reason,
             };
+            if let Some(bad) = &info.malformed {
+                let key = Reported::Malformed(bad.clone());
+                if self.reported.get(&info.name) != Some(&key) {
+                    notices.push(Notice::Malformed {
+                        id: info.name.clone(),
+                        field: bad.field,
+                        detail: bad.detail.clone(),
+                    });
+                }
+                still_reported.insert(info.name.clone(), key);
+                set.excluded.push(exclude(Exclusion::Malformed(bad.field)));
+                continue;
+            }
+            let live = info.renew_time.is_some() && is_live(*observed, now, grace);
+            if live {
+                if let Some(o) = observed {
+                    // Dead just after observed + grace.
+                    let left =
+                        (*o + grace + Duration::from_millis(1)).saturating_duration_since(now);
+                    next_expiry = Some(next_expiry.map_or(left, |n| n.min(left)));
+                }
+            }
             if local_name.as_deref() == Some(info.name.as_str()) {
                 set.local = Some(LocalLease {
                     id: info.name.clone(),
@@ -395,7 +574,11 @@ impl Tracker {
                 continue;
             };
             if !live {
-                set.excluded.push(exclude(Exclusion::Expired));
+                set.excluded.push(exclude(if observed.is_some() {
+                    Exclusion::Expired
+                } else {
+                    Exclusion::Unconfirmed
+                }));
                 continue;
             }
             match self.config.policy.resolve(
@@ -414,7 +597,7 @@ impl Tracker {
                 }),
                 Err(reason) => {
                     let value = info.peer_advertise_address.clone();
-                    let key = (value.clone(), reason);
+                    let key = Reported::Address(value.clone(), reason);
                     if self.reported.get(&info.name) != Some(&key) {
                         notices.push(Notice::AddressRejected {
                             id: info.name.clone(),
@@ -422,13 +605,14 @@ impl Tracker {
                             reason,
                         });
                     }
-                    still_rejected.insert(info.name.clone(), key);
+                    still_reported.insert(info.name.clone(), key);
                     set.excluded.push(exclude(Exclusion::Address(reason)));
                 }
             }
         }
-        // Forget reports of leases that are gone, dead or accepted now: a relapse is reported.
-        self.reported = still_rejected;
+        // Forget reports of leases that are gone, dead, repaired or accepted now: a relapse
+        // is reported.
+        self.reported = still_reported;
         Evaluation {
             set,
             notices,
@@ -444,10 +628,27 @@ mod tests {
     use super::*;
     use std::time::UNIX_EPOCH;
 
+    use std::sync::OnceLock;
+
     const T0: u64 = 1_700_000_000;
 
-    fn at(secs: u64) -> SystemTime {
+    /// Our wall clock (and, unless a test says otherwise, the peers').
+    fn wall(secs: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(T0 + secs)
+    }
+
+    /// Our monotonic clock, `secs` after the test's origin.
+    fn mono(secs: u64) -> Instant {
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        *ORIGIN.get_or_init(Instant::now) + Duration::from_secs(secs)
+    }
+
+    /// Both our clocks at `secs`.
+    fn at(secs: u64) -> Moment {
+        Moment {
+            mono: mono(secs),
+            wall: wall(secs),
+        }
     }
 
     fn lease(name: &str, holder: &str, renew: Option<u64>, addr: Option<&str>) -> LeaseInfo {
@@ -455,8 +656,9 @@ mod tests {
             name: name.into(),
             holder_identity: Some(holder.into()),
             hostname: Some(format!("host-{name}")),
-            renew_time: renew.map(at),
+            renew_time: renew.map(wall),
             peer_advertise_address: addr.map(String::from),
+            malformed: None,
         }
     }
 
@@ -468,13 +670,18 @@ mod tests {
         }
     }
 
+    /// Listed at 0.
     fn synced(cfg: PeerConfig, leases: Vec<LeaseInfo>) -> Tracker {
+        synced_at(cfg, leases, 0)
+    }
+
+    fn synced_at(cfg: PeerConfig, leases: Vec<LeaseInfo>, secs: u64) -> Tracker {
         let mut t = Tracker::new(cfg);
         t.begin_relist();
         for l in leases {
             t.relist_apply(l);
         }
-        t.finish_relist();
+        t.finish_relist(at(secs));
         t
     }
 
@@ -485,31 +692,48 @@ mod tests {
     #[test]
     fn liveness_table() {
         let g = Duration::from_secs(30);
+        // (observed, now, live): only our own observations count.
         let cases = [
             (None, 0, false),
             (Some(100), 100, true),
             (Some(100), 130, true), // exactly the grace: still live
             (Some(100), 131, false),
             (Some(100), 3600, false), // upstream would still keep it (1 h lease)
-            (Some(200), 100, true),   // renewed "in the future": clock skew
+            (Some(200), 100, true),   // observed after `now` (a frozen evaluation)
         ];
-        for (renew, now, want) in cases {
+        for (observed, now, want) in cases {
             assert_eq!(
-                is_live(renew.map(at), at(now), g),
+                is_live(observed.map(mono), mono(now), g),
                 want,
-                "{renew:?} @ {now}"
+                "{observed:?} @ {now}"
             );
         }
         assert!(!is_live(
-            Some(at(100)),
-            at(100) + Duration::from_millis(30_001),
+            Some(mono(100)),
+            mono(100) + Duration::from_millis(30_001),
             g
         ));
+        // (renewTime, our wall clock, plausible at first sight)
+        let first_sight = [
+            (100, 100, true),
+            (70, 100, true),  // the grace, in the past
+            (69, 100, false), // a lease left behind by a dead apiserver
+            (130, 100, true), // the grace, in the future
+            (131, 100, false),
+        ];
+        for (renew, now, want) in first_sight {
+            assert_eq!(
+                plausible_at_first_sight(wall(renew), wall(now), g),
+                want,
+                "{renew} @ {now}"
+            );
+        }
     }
 
     #[test]
-    fn live_peers_sorted_dead_and_unrenewed_excluded() {
-        let mut t = synced(
+    fn first_list_trusts_renew_times_within_the_grace_only() {
+        // Listed at 100 (a control plane that just started).
+        let mut t = synced_at(
             config(&["10.0.0.0/8"]),
             vec![
                 lease("apiserver-c", "c_1", Some(95), Some("10.0.0.3:6443")),
@@ -517,13 +741,16 @@ mod tests {
                 lease("apiserver-b", "b_1", Some(50), Some("10.0.0.2:6443")),
                 lease("apiserver-d", "d_1", None, Some("10.0.0.4:6443")),
             ],
+            100,
         );
-        let e = t.evaluate(at(100));
+        let e = t.evaluate(mono(100));
         assert!(e.set.synced);
+        // Plausible renewTimes count as observed at the list: not every peer dead on restart.
         assert_eq!(ids(&e.set), ["apiserver-a", "apiserver-c"]);
+        // A renewTime 50 s old: not resurrected (kube leaves dead leases for an hour).
         assert_eq!(
             e.set.excluded("apiserver-b").unwrap().reason,
-            Exclusion::Expired
+            Exclusion::Unconfirmed
         );
         assert_eq!(
             e.set.excluded("apiserver-d").unwrap().reason,
@@ -533,38 +760,251 @@ mod tests {
             e.set.peer("apiserver-a").unwrap().address,
             "10.0.0.1:6443".parse().unwrap()
         );
-        // apiserver-c (renewed at 95) expires first: at 125 s + 1 ms.
-        assert_eq!(e.next_expiry, Some(Duration::from_millis(25_001)));
-        // Nobody renews: c drops out on the timer, then a.
-        let e = t.evaluate(at(126));
-        assert_eq!(ids(&e.set), ["apiserver-a"]);
-        let e = t.evaluate(at(130));
+        // Both observed at 100: they expire at 130 s + 1 ms, whatever their renewTimes said.
+        assert_eq!(e.next_expiry, Some(Duration::from_millis(30_001)));
+        // c renews at 110; a never again.
+        t.apply(
+            lease("apiserver-c", "c_1", Some(110), Some("10.0.0.3:6443")),
+            at(110),
+        );
+        let e = t.evaluate(mono(130));
+        assert_eq!(ids(&e.set), ["apiserver-a", "apiserver-c"]);
+        assert_eq!(e.next_expiry, Some(Duration::from_millis(1)));
+        let e = t.evaluate(mono(131));
+        assert_eq!(ids(&e.set), ["apiserver-c"]);
+        assert_eq!(
+            e.set.excluded("apiserver-a").unwrap().reason,
+            Exclusion::Expired
+        );
+        let e = t.evaluate(mono(141));
         assert_eq!(ids(&e.set), Vec::<&str>::new());
         assert_eq!(e.next_expiry, None);
         // A renewal brings a back, same generation.
         let g = t.generations["apiserver-a"].1;
-        t.apply(lease(
-            "apiserver-a",
-            "a_1",
-            Some(131),
-            Some("10.0.0.1:6443"),
-        ));
-        let e = t.evaluate(at(132));
+        t.apply(
+            lease("apiserver-a", "a_1", Some(150), Some("10.0.0.1:6443")),
+            at(150),
+        );
+        let e = t.evaluate(mono(151));
         assert_eq!(ids(&e.set), ["apiserver-a"]);
         assert_eq!(e.set.peers[0].generation, g);
         assert!(e.notices.is_empty());
+        // b was not dead after all (or its clock is 50 s behind): its first renewal we see
+        // confirms it.
+        t.apply(
+            lease("apiserver-b", "b_1", Some(101), Some("10.0.0.2:6443")),
+            at(152),
+        );
+        assert_eq!(
+            ids(&t.evaluate(mono(152)).set),
+            ["apiserver-a", "apiserver-b"]
+        );
+    }
+
+    #[test]
+    fn a_peer_whose_clock_is_five_minutes_behind_stays_live_while_it_renews() {
+        let behind = 300;
+        // Its renewTime is 5 min old by our clock, at every renewal.
+        let renewal = |ours: u64| {
+            (
+                lease(
+                    "apiserver-s",
+                    "s_1",
+                    Some(ours - behind),
+                    Some("10.0.0.9:1"),
+                ),
+                at(ours),
+            )
+        };
+        let mut t = Tracker::new(config(&["10.0.0.0/8"]));
+        t.begin_relist();
+        t.relist_apply(renewal(1000).0);
+        t.finish_relist(at(1000));
+        // First sight: 5 min old looks like a dead apiserver's lease...
+        let e = t.evaluate(mono(1000));
+        assert_eq!(
+            e.set.excluded("apiserver-s").unwrap().reason,
+            Exclusion::Unconfirmed
+        );
+        // ...until we see it renew (kube: within 10 s); then live as long as it renews.
+        for ours in (1010..=1600).step_by(10) {
+            let (info, seen) = renewal(ours);
+            t.apply(info, seen);
+            for now in [ours, ours + 9] {
+                assert_eq!(ids(&t.evaluate(mono(now)).set), ["apiserver-s"], "at {now}");
+            }
+        }
+        // It stops renewing: dead the grace after we last saw a renewal.
+        assert_eq!(ids(&t.evaluate(mono(1630)).set), ["apiserver-s"]);
+        let e = t.evaluate(mono(1631));
+        assert!(e.set.peers.is_empty());
+        assert_eq!(
+            e.set.excluded("apiserver-s").unwrap().reason,
+            Exclusion::Expired
+        );
+    }
+
+    #[test]
+    fn a_renew_time_in_year_9999_keeps_nobody_alive() {
+        // 9999-12-30T00:00:00Z: representable, and far beyond any clock skew.
+        let year_9999 = UNIX_EPOCH + Duration::from_secs(253_402_128_000);
+        let mut far = lease("apiserver-f", "f_1", Some(0), Some("10.0.0.6:1"));
+        far.renew_time = Some(year_9999);
+        let normal = lease("apiserver-f", "f_1", Some(0), Some("10.0.0.6:1"));
+
+        // Seen first with it: never live unless it changes.
+        let mut t = synced(config(&["10.0.0.0/8"]), vec![far.clone()]);
+        for now in [0, 30, 31, 3600] {
+            let e = t.evaluate(mono(now));
+            assert!(e.set.peers.is_empty(), "at {now}");
+            assert_eq!(
+                e.set.excluded("apiserver-f").unwrap().reason,
+                Exclusion::Unconfirmed
+            );
+        }
+        // A relist with the same value is no renewal either.
+        t.begin_relist();
+        t.relist_apply(far.clone());
+        t.finish_relist(at(4000));
+        assert!(t.evaluate(mono(4000)).set.peers.is_empty());
+
+        // A live peer whose lease is then written with year 9999 and never again: the write
+        // was a change we saw, so it is live for the grace after it, and dead after.
+        let mut t = synced(config(&["10.0.0.0/8"]), vec![normal]);
+        t.apply(far.clone(), at(10));
+        assert_eq!(ids(&t.evaluate(mono(40)).set), ["apiserver-f"]);
+        let e = t.evaluate(mono(41));
+        assert!(e.set.peers.is_empty());
+        assert_eq!(
+            e.set.excluded("apiserver-f").unwrap().reason,
+            Exclusion::Expired
+        );
+        // Re-delivered unchanged (a watch restart): still dead.
+        t.apply(far, at(100));
+        assert!(t.evaluate(mono(100)).set.peers.is_empty());
+    }
+
+    #[test]
+    fn an_observed_renewal_resets_the_grace_and_nothing_else_does() {
+        let mut t = synced(
+            config(&["10.0.0.0/8"]),
+            vec![lease("apiserver-a", "a_1", Some(0), Some("10.0.0.1:1"))],
+        );
+        assert_eq!(t.observed("apiserver-a"), Some(mono(0)));
+        // Another annotation value (a new resourceVersion, no renewal): no reset.
+        t.apply(
+            lease("apiserver-a", "a_1", Some(0), Some("10.0.0.1:2")),
+            at(20),
+        );
+        assert_eq!(t.observed("apiserver-a"), Some(mono(0)));
+        assert!(t.evaluate(mono(31)).set.peers.is_empty());
+        // The same renewTime re-delivered (a re-list, a watch restart): no renewal.
+        t.apply(
+            lease("apiserver-a", "a_1", Some(0), Some("10.0.0.1:2")),
+            at(40),
+        );
+        assert_eq!(t.observed("apiserver-a"), Some(mono(0)));
+        // A new renewTime — even an earlier one — is a renewal we saw.
+        let mut earlier = lease("apiserver-a", "a_1", None, Some("10.0.0.1:2"));
+        earlier.renew_time = Some(wall(0) - Duration::from_secs(1));
+        t.apply(earlier, at(45));
+        assert_eq!(t.observed("apiserver-a"), Some(mono(45)));
+        assert_eq!(ids(&t.evaluate(mono(75)).set), ["apiserver-a"]);
+        assert!(t.evaluate(mono(76)).set.peers.is_empty());
+        // A new holder with the same renewTime (a restart): a renewal too.
+        let mut restarted = lease("apiserver-a", "a_2", None, Some("10.0.0.1:2"));
+        restarted.renew_time = Some(wall(0) - Duration::from_secs(1));
+        t.apply(restarted, at(80));
+        assert_eq!(t.observed("apiserver-a"), Some(mono(80)));
+        assert_eq!(ids(&t.evaluate(mono(80)).set), ["apiserver-a"]);
+    }
+
+    #[test]
+    fn a_malformed_lease_is_excluded_with_a_reason_and_reported_once() {
+        let malformed = |name: &str, field, detail: &str| {
+            let mut l = lease(name, "m_1", None, Some("10.0.0.7:1"));
+            l.malformed = Some(MalformedLease {
+                field,
+                detail: detail.into(),
+            });
+            l
+        };
+        let mut cfg = config(&["10.0.0.0/8"]);
+        cfg.local = LocalSelector::LeaseName("apiserver-m".into());
+        let mut t = synced(
+            cfg,
+            vec![
+                lease("apiserver-a", "a_1", Some(0), Some("10.0.0.1:1")),
+                malformed(
+                    "apiserver-m",
+                    LeaseField::RenewTime,
+                    "\"9999-12-31T23:59:59Z\": out of range",
+                ),
+                malformed("apiserver-n", LeaseField::HolderIdentity, "not a string"),
+            ],
+        );
+        let e = t.evaluate(mono(1));
+        // The others are unaffected.
+        assert_eq!(ids(&e.set), ["apiserver-a"]);
+        // Never local, never a peer, excluded with the field.
+        assert!(e.set.local.is_none());
+        assert_eq!(
+            e.set.excluded("apiserver-m").unwrap().reason,
+            Exclusion::Malformed(LeaseField::RenewTime)
+        );
+        assert_eq!(
+            e.set.excluded("apiserver-n").unwrap().reason,
+            Exclusion::Malformed(LeaseField::HolderIdentity)
+        );
+        assert_eq!(
+            e.notices,
+            vec![
+                Notice::Malformed {
+                    id: "apiserver-m".into(),
+                    field: LeaseField::RenewTime,
+                    detail: "\"9999-12-31T23:59:59Z\": out of range".into(),
+                },
+                Notice::Malformed {
+                    id: "apiserver-n".into(),
+                    field: LeaseField::HolderIdentity,
+                    detail: "not a string".into(),
+                },
+            ]
+        );
+        // Re-delivered or re-evaluated: not reported again.
+        t.apply(
+            malformed(
+                "apiserver-m",
+                LeaseField::RenewTime,
+                "\"9999-12-31T23:59:59Z\": out of range",
+            ),
+            at(5),
+        );
+        assert!(t.evaluate(mono(5)).notices.is_empty());
+        // Repaired: the repair is a write we saw, so it is live (and local) from then on.
+        t.apply(lease("apiserver-m", "m_1", Some(8), None), at(8));
+        let e = t.evaluate(mono(8));
+        assert!(e.notices.is_empty());
+        let local = e.set.local.unwrap();
+        assert_eq!((local.id.as_str(), local.live), ("apiserver-m", true));
+        // Broken again: reported again.
+        t.apply(
+            malformed("apiserver-m", LeaseField::RenewTime, "\"soon\": not a time"),
+            at(9),
+        );
+        assert_eq!(t.evaluate(mono(9)).notices.len(), 1);
     }
 
     #[test]
     fn not_synced_until_the_first_list_completes() {
         let mut t = Tracker::new(config(&["10.0.0.0/8"]));
-        assert!(!t.evaluate(at(0)).set.synced);
+        assert!(!t.evaluate(mono(0)).set.synced);
         t.begin_relist();
         t.relist_apply(lease("apiserver-a", "a_1", Some(0), Some("10.0.0.1:1")));
-        assert!(!t.evaluate(at(0)).set.synced);
-        assert!(t.evaluate(at(0)).set.peers.is_empty());
-        t.finish_relist();
-        assert_eq!(ids(&t.evaluate(at(0)).set), ["apiserver-a"]);
+        assert!(!t.evaluate(mono(0)).set.synced);
+        assert!(t.evaluate(mono(0)).set.peers.is_empty());
+        t.finish_relist(at(0));
+        assert_eq!(ids(&t.evaluate(mono(0)).set), ["apiserver-a"]);
     }
 
     #[test]
@@ -576,30 +1016,26 @@ mod tests {
                 lease("apiserver-b", "apiserver-b_1", Some(0), Some("10.0.0.2:1")),
             ],
         );
-        let before = t.evaluate(at(1)).set;
+        let before = t.evaluate(mono(1)).set;
         let (ga, gb) = (
             before.peer("apiserver-a").unwrap().generation,
             before.peer("apiserver-b").unwrap().generation,
         );
         assert_ne!(ga, gb);
         // Renewal by the same holder: no change.
-        t.apply(lease(
-            "apiserver-a",
-            "apiserver-a_1",
-            Some(5),
-            Some("10.0.0.1:1"),
-        ));
-        let e = t.evaluate(at(6));
+        t.apply(
+            lease("apiserver-a", "apiserver-a_1", Some(5), Some("10.0.0.1:1")),
+            at(5),
+        );
+        let e = t.evaluate(mono(6));
         assert_eq!(e.set.peer("apiserver-a").unwrap().generation, ga);
         assert!(e.notices.is_empty());
         // New holder: a restart.
-        t.apply(lease(
-            "apiserver-a",
-            "apiserver-a_2",
-            Some(7),
-            Some("10.0.0.1:1"),
-        ));
-        let e = t.evaluate(at(8));
+        t.apply(
+            lease("apiserver-a", "apiserver-a_2", Some(7), Some("10.0.0.1:1")),
+            at(7),
+        );
+        let e = t.evaluate(mono(8));
         let ga2 = e.set.peer("apiserver-a").unwrap().generation;
         assert!(ga2 > ga && ga2 != gb);
         assert_eq!(e.set.peer("apiserver-b").unwrap().generation, gb);
@@ -613,14 +1049,12 @@ mod tests {
             }]
         );
         // Restart back to an older holder is a restart too (generations never go back).
-        t.apply(lease(
-            "apiserver-a",
-            "apiserver-a_1",
-            Some(9),
-            Some("10.0.0.1:1"),
-        ));
+        t.apply(
+            lease("apiserver-a", "apiserver-a_1", Some(9), Some("10.0.0.1:1")),
+            at(9),
+        );
         let ga3 = t
-            .evaluate(at(9))
+            .evaluate(mono(9))
             .set
             .peer("apiserver-a")
             .unwrap()
@@ -628,14 +1062,12 @@ mod tests {
         assert!(ga3 > ga2);
         // Deleted and recreated: new generation, no "restart" notice (it was gone).
         t.delete("apiserver-a");
-        assert!(t.evaluate(at(10)).set.peer("apiserver-a").is_none());
-        t.apply(lease(
-            "apiserver-a",
-            "apiserver-a_1",
-            Some(10),
-            Some("10.0.0.1:1"),
-        ));
-        let e = t.evaluate(at(10));
+        assert!(t.evaluate(mono(10)).set.peer("apiserver-a").is_none());
+        t.apply(
+            lease("apiserver-a", "apiserver-a_1", Some(10), Some("10.0.0.1:1")),
+            at(10),
+        );
+        let e = t.evaluate(mono(10));
         assert!(e.set.peer("apiserver-a").unwrap().generation > ga3);
         assert!(e.notices.is_empty());
     }
@@ -649,16 +1081,22 @@ mod tests {
                 lease("apiserver-b", "b_1", Some(0), Some("10.0.0.2:1")),
             ],
         );
-        let before = t.evaluate(at(1)).set;
+        let before = t.evaluate(mono(1)).set;
         // A watch desync: re-list without b, and with a restarted.
         t.begin_relist();
         t.relist_apply(lease("apiserver-a", "a_1", Some(1), Some("10.0.0.1:1")));
         t.relist_apply(lease("apiserver-c", "c_1", Some(1), Some("10.0.0.3:1")));
         // Until the list is complete the old view stands.
-        assert_eq!(ids(&t.evaluate(at(2)).set), ["apiserver-a", "apiserver-b"]);
-        t.finish_relist();
-        let after = t.evaluate(at(2)).set;
+        assert_eq!(
+            ids(&t.evaluate(mono(2)).set),
+            ["apiserver-a", "apiserver-b"]
+        );
+        t.finish_relist(at(2));
+        let after = t.evaluate(mono(2)).set;
         assert_eq!(ids(&after), ["apiserver-a", "apiserver-c"]);
+        // a changed: renewed as of the re-list; c is new and plausible: observed then too.
+        assert_eq!(t.observed("apiserver-a"), Some(mono(2)));
+        assert_eq!(t.observed("apiserver-c"), Some(mono(2)));
         assert_eq!(
             after.peer("apiserver-a").unwrap().generation,
             before.peer("apiserver-a").unwrap().generation
@@ -680,7 +1118,7 @@ mod tests {
                 lease("apiserver-8", "h", Some(0), Some("[fd00::8]:6443")),
             ],
         );
-        let e = t.evaluate(at(1));
+        let e = t.evaluate(mono(1));
         assert_eq!(ids(&e.set), ["apiserver-8"]);
         let reasons: Vec<(String, RejectReason)> = e
             .notices
@@ -710,18 +1148,30 @@ mod tests {
             assert_eq!(e.set.excluded(id).unwrap().reason, Exclusion::Address(r));
         }
         // Renewals do not repeat the warning...
-        t.apply(lease("apiserver-1", "h", Some(10), Some("evil.com:443")));
-        assert!(t.evaluate(at(11)).notices.is_empty());
+        t.apply(
+            lease("apiserver-1", "h", Some(10), Some("evil.com:443")),
+            at(10),
+        );
+        assert!(t.evaluate(mono(11)).notices.is_empty());
         // ...a new value does.
-        t.apply(lease("apiserver-1", "h", Some(12), Some("evil.org:443")));
-        assert_eq!(t.evaluate(at(12)).notices.len(), 1);
+        t.apply(
+            lease("apiserver-1", "h", Some(12), Some("evil.org:443")),
+            at(12),
+        );
+        assert_eq!(t.evaluate(mono(12)).notices.len(), 1);
         // Fixed, then broken again: reported again.
-        t.apply(lease("apiserver-1", "h", Some(13), Some("10.0.0.9:6443")));
-        let e = t.evaluate(at(13));
+        t.apply(
+            lease("apiserver-1", "h", Some(13), Some("10.0.0.9:6443")),
+            at(13),
+        );
+        let e = t.evaluate(mono(13));
         assert!(e.notices.is_empty());
         assert!(e.set.peer("apiserver-1").is_some());
-        t.apply(lease("apiserver-1", "h", Some(14), Some("evil.org:443")));
-        assert_eq!(t.evaluate(at(14)).notices.len(), 1);
+        t.apply(
+            lease("apiserver-1", "h", Some(14), Some("evil.org:443")),
+            at(14),
+        );
+        assert_eq!(t.evaluate(mono(14)).notices.len(), 1);
     }
 
     #[test]
@@ -741,7 +1191,7 @@ mod tests {
                 lease("apiserver-b", "b", Some(0), Some("10.0.0.2:6443")),
             ],
         );
-        let e = t.evaluate(at(1));
+        let e = t.evaluate(mono(1));
         assert_eq!(ids(&e.set), ["apiserver-b"]);
         let b = e.set.peer("apiserver-b").unwrap();
         assert_eq!(b.address, "10.9.9.9:6444".parse().unwrap());
@@ -760,7 +1210,7 @@ mod tests {
         ];
         let mut cfg = config(&["10.0.0.0/8"]);
         cfg.local = LocalSelector::LeaseName("apiserver-a".into());
-        let e = synced(cfg.clone(), leases.clone()).evaluate(at(1));
+        let e = synced(cfg.clone(), leases.clone()).evaluate(mono(1));
         let local = e.set.local.clone().unwrap();
         assert_eq!((local.id.as_str(), local.live), ("apiserver-a", true));
         // The local lease needs no address and is never a peer, nor a rejection.
@@ -769,7 +1219,7 @@ mod tests {
         assert!(e.notices.is_empty());
 
         cfg.local = LocalSelector::Hostname("host-apiserver-b".into());
-        let e = synced(cfg.clone(), leases.clone()).evaluate(at(1));
+        let e = synced(cfg.clone(), leases.clone()).evaluate(mono(1));
         assert_eq!(e.set.local.as_ref().unwrap().id, "apiserver-b");
         // apiserver-a has no address: excluded, reported.
         assert!(e.set.peers.is_empty());
@@ -783,7 +1233,7 @@ mod tests {
         dup.hostname = Some("host-apiserver-b".into());
         let mut more = leases.clone();
         more.push(dup);
-        let e = synced(cfg.clone(), more).evaluate(at(6));
+        let e = synced(cfg.clone(), more).evaluate(mono(6));
         assert_eq!(e.set.local.as_ref().unwrap().id, "apiserver-z");
         assert_eq!(
             e.set.excluded("apiserver-b").unwrap().reason,
@@ -791,14 +1241,14 @@ mod tests {
         );
 
         // A dead local lease is still reported as local, flagged dead.
-        let e = synced(cfg, leases).evaluate(at(100));
+        let e = synced(cfg, leases).evaluate(mono(100));
         let local = e.set.local.unwrap();
         assert_eq!((local.id.as_str(), local.live), ("apiserver-b", false));
 
         // Not present: no local.
         let mut cfg = config(&["10.0.0.0/8"]);
         cfg.local = LocalSelector::LeaseName("apiserver-x".into());
-        assert!(synced(cfg, vec![]).evaluate(at(0)).set.local.is_none());
+        assert!(synced(cfg, vec![]).evaluate(mono(0)).set.local.is_none());
     }
 
     #[test]
@@ -807,11 +1257,11 @@ mod tests {
             config(&["10.0.0.0/8"]),
             vec![lease("apiserver-a", "a", Some(0), Some("10.0.0.1:1"))],
         );
-        assert!(!t.evaluate(at(1)).set.stale);
+        assert!(!t.evaluate(mono(1)).set.stale);
         // The watch breaks at 10: renewals are no longer seen.
-        t.watch_failed(at(10));
-        t.watch_failed(at(20)); // the first failure counts
-        let e = t.evaluate(at(100));
+        t.watch_failed(mono(10));
+        t.watch_failed(mono(20)); // the first failure counts
+        let e = t.evaluate(mono(100));
         assert!(e.set.stale);
         assert_eq!(
             ids(&e.set),
@@ -819,16 +1269,19 @@ mod tests {
             "not dropped while we cannot see"
         );
         assert_eq!(e.next_expiry, None);
-        // Back: the lease was renewed meanwhile...
+        // Back at 100: the lease was renewed meanwhile (seen now)...
         t.watch_ok();
-        t.apply(lease("apiserver-a", "a", Some(95), Some("10.0.0.1:1")));
-        let e = t.evaluate(at(100));
+        t.apply(
+            lease("apiserver-a", "a", Some(95), Some("10.0.0.1:1")),
+            at(100),
+        );
+        let e = t.evaluate(mono(100));
         assert!(!e.set.stale);
         assert_eq!(ids(&e.set), ["apiserver-a"]);
         // ...or it was not: then it expires as usual.
-        t.watch_failed(at(101));
+        t.watch_failed(mono(101));
         t.watch_ok();
-        assert!(t.evaluate(at(200)).set.peers.is_empty());
+        assert!(t.evaluate(mono(200)).set.peers.is_empty());
     }
 
     #[test]
@@ -840,8 +1293,10 @@ mod tests {
         ];
         let mut rev = leases.clone();
         rev.reverse();
-        let x = synced(config(&["10.0.0.0/8"]), leases).evaluate(at(1)).set;
-        let y = synced(config(&["10.0.0.0/8"]), rev).evaluate(at(1)).set;
+        let x = synced(config(&["10.0.0.0/8"]), leases)
+            .evaluate(mono(1))
+            .set;
+        let y = synced(config(&["10.0.0.0/8"]), rev).evaluate(mono(1)).set;
         assert_eq!(ids(&x), ["apiserver-a", "apiserver-b"]);
         assert_eq!(x, y);
     }

@@ -7,14 +7,19 @@
 //! without any watch event. Only changed snapshots are published. Watch errors are retried by
 //! kube-runtime with its default backoff, counted and logged; meanwhile liveness is frozen
 //! (the snapshot is marked `stale`) and a re-list replaces the leases only once complete.
+//!
+//! Leases are watched as [`IdentityLease`], which always deserializes: a Lease with a field
+//! out of k8s-openapi's range (a `renewTime` in year 9999) is ignored on its own — logged once,
+//! counted in `skewgate_peer_leases_malformed_total{field}`, excluded with
+//! `Exclusion::Malformed` — instead of failing the watch for every peer. Every event is
+//! stamped with our clocks ([`Moment::now`]): liveness is judged by when we saw a lease
+//! renewed, not by the peer-written `renewTime` (see [`super::model`]).
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
@@ -23,46 +28,17 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::address::{loggable, PEER_ADVERTISE_ADDRESS_ANNOTATION};
+pub use super::lease::lease_info;
+use super::lease::IdentityLease;
 use super::metrics::PeerMetrics;
 use super::model::{
-    LeaseInfo, Notice, PeerConfig, PeerSet, Tracker, HOSTNAME_LABEL, IDENTITY_LABEL,
-    IDENTITY_LABEL_VALUE, LEASE_NAMESPACE,
+    Moment, Notice, PeerConfig, PeerSet, Tracker, IDENTITY_LABEL, IDENTITY_LABEL_VALUE,
+    LEASE_NAMESPACE,
 };
 
 /// `apiserver.kubernetes.io/identity=kube-apiserver`
 pub fn label_selector() -> String {
     format!("{IDENTITY_LABEL}={IDENTITY_LABEL_VALUE}")
-}
-
-fn system_time(t: &Timestamp) -> Option<SystemTime> {
-    let (secs, nanos) = (t.as_second(), t.subsec_nanosecond());
-    if secs < 0 || nanos < 0 {
-        return None;
-    }
-    UNIX_EPOCH.checked_add(Duration::new(secs as u64, nanos as u32))
-}
-
-/// The plain data of one identity lease.
-pub fn lease_info(lease: &Lease) -> LeaseInfo {
-    let md = &lease.metadata;
-    let spec = lease.spec.as_ref();
-    LeaseInfo {
-        name: md.name.clone().unwrap_or_default(),
-        holder_identity: spec.and_then(|s| s.holder_identity.clone()),
-        hostname: md
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(HOSTNAME_LABEL))
-            .cloned(),
-        renew_time: spec
-            .and_then(|s| s.renew_time.as_ref())
-            .and_then(|t| system_time(&t.0)),
-        peer_advertise_address: md
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(PEER_ADVERTISE_ADDRESS_ANNOTATION))
-            .cloned(),
-    }
 }
 
 /// A client from a kubeconfig file (`--kubeconfig`), or inferred (in-cluster / `$KUBECONFIG`).
@@ -108,13 +84,13 @@ impl Drop for PeerWatcher {
     }
 }
 
-fn apply_event(tracker: &mut Tracker, event: Event<Lease>) {
+fn apply_event(tracker: &mut Tracker, event: Event<IdentityLease>, at: Moment) {
     match event {
         Event::Init => tracker.begin_relist(),
         Event::InitApply(l) => tracker.relist_apply(lease_info(&l)),
-        Event::InitDone => tracker.finish_relist(),
-        Event::Apply(l) => tracker.apply(lease_info(&l)),
-        Event::Delete(l) => tracker.delete(&lease_info(&l).name),
+        Event::InitDone => tracker.finish_relist(at),
+        Event::Apply(l) => tracker.apply(lease_info(&l), at),
+        Event::Delete(l) => tracker.delete(l.name()),
     }
 }
 
@@ -137,6 +113,15 @@ fn report(notice: &Notice, metrics: &PeerMetrics) {
                 value = ?value,
                 reason = reason.label(),
                 "ignoring identity lease: no acceptable peer address"
+            );
+        }
+        Notice::Malformed { id, field, detail } => {
+            metrics.malformed(*field);
+            warn!(
+                lease = %loggable(id),
+                field = field.label(),
+                %detail,
+                "ignoring identity lease: a field cannot be read"
             );
         }
     }
@@ -196,7 +181,7 @@ pub async fn run(
             .collect();
         info!(?cidrs, grace = ?config.grace, "watching apiserver identity leases");
     }
-    let api: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
+    let api: Api<IdentityLease> = Api::namespaced(client, LEASE_NAMESPACE);
     let wc = watcher::Config::default().labels(&label_selector());
     let mut events = watcher::watcher(api, wc).default_backoff().boxed();
     let mut tracker = Tracker::new(config);
@@ -212,11 +197,11 @@ pub async fn run(
             ev = events.next() => match ev {
                 Some(Ok(ev)) => {
                     tracker.watch_ok();
-                    apply_event(&mut tracker, ev);
+                    apply_event(&mut tracker, ev, Moment::now());
                 }
                 Some(Err(e)) => {
                     metrics.watch_error();
-                    tracker.watch_failed(SystemTime::now());
+                    tracker.watch_failed(Instant::now());
                     warn!(error = %e, "identity lease watch failed; retrying (peer liveness frozen meanwhile)");
                 }
                 None => {
@@ -227,7 +212,7 @@ pub async fn run(
             _ = expiry => debug!("a peer lease reached the end of its grace"),
             _ = tx.closed() => return,
         }
-        let eval = tracker.evaluate(SystemTime::now());
+        let eval = tracker.evaluate(Instant::now());
         for n in &eval.notices {
             report(n, &metrics);
         }
@@ -248,55 +233,6 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn lease_to_info() {
-        let lease: Lease = serde_json::from_value(json!({
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": "apiserver-abc",
-                "namespace": "kube-system",
-                "labels": {
-                    "apiserver.kubernetes.io/identity": "kube-apiserver",
-                    "kubernetes.io/hostname": "cp-1"
-                },
-                "annotations": {"kubernetes.io/peer-advertise-address": "10.0.0.1:6444"}
-            },
-            "spec": {
-                "holderIdentity": "apiserver-abc_0b3c",
-                "leaseDurationSeconds": 3600,
-                "renewTime": "2024-05-01T12:34:56.123456Z"
-            }
-        }))
-        .unwrap();
-        let info = lease_info(&lease);
-        assert_eq!(info.name, "apiserver-abc");
-        assert_eq!(info.holder_identity.as_deref(), Some("apiserver-abc_0b3c"));
-        assert_eq!(info.hostname.as_deref(), Some("cp-1"));
-        assert_eq!(
-            info.peer_advertise_address.as_deref(),
-            Some("10.0.0.1:6444")
-        );
-        assert_eq!(
-            info.renew_time,
-            Some(UNIX_EPOCH + Duration::from_micros(1_714_566_896_123_456))
-        );
-
-        let bare: Lease = serde_json::from_value(json!({
-            "metadata": {"name": "apiserver-x"}
-        }))
-        .unwrap();
-        let info = lease_info(&bare);
-        assert_eq!(
-            info,
-            LeaseInfo {
-                name: "apiserver-x".into(),
-                ..Default::default()
-            }
-        );
-    }
 
     #[test]
     fn selector() {

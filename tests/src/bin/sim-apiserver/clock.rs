@@ -4,6 +4,44 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// A clock that runs ahead of or behind the real one (`--lease-clock-offset`), to simulate an
+/// apiserver whose host clock is skewed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Offset {
+    pub behind: bool,
+    pub by: Duration,
+}
+
+impl Offset {
+    /// `5m` (ahead), `+5m` (ahead), `-5m` (behind); the magnitude as `parse_duration` reads it.
+    pub fn parse(
+        s: &str,
+        parse_duration: impl Fn(&str) -> Result<Duration, String>,
+    ) -> Result<Offset, String> {
+        let s = s.trim();
+        let (behind, magnitude) = match s.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, s.strip_prefix('+').unwrap_or(s)),
+        };
+        if magnitude.trim_end_matches(|c: char| c.is_ascii_alphabetic()) == "0" {
+            return Ok(Offset::default());
+        }
+        Ok(Offset {
+            behind,
+            by: parse_duration(magnitude)?,
+        })
+    }
+
+    /// What this clock reads when the real one reads `t`.
+    pub fn apply(self, t: SystemTime) -> SystemTime {
+        if self.behind {
+            t.checked_sub(self.by).unwrap_or(UNIX_EPOCH)
+        } else {
+            t.checked_add(self.by).unwrap_or(t)
+        }
+    }
+}
+
 /// `2024-05-01T12:34:56Z` for `t`.
 pub fn rfc3339(t: SystemTime) -> String {
     let secs = t
@@ -157,6 +195,23 @@ mod tests {
             Some(t),
             "whole seconds only"
         );
+    }
+
+    #[test]
+    fn offsets() {
+        let d = |s: &str| {
+            s.trim_end_matches('m')
+                .parse::<u64>()
+                .map(|m| Duration::from_secs(m * 60))
+                .map_err(|e| e.to_string())
+        };
+        let t = UNIX_EPOCH + Duration::from_secs(1_714_566_896);
+        let five = Duration::from_secs(300);
+        assert_eq!(Offset::parse("-5m", d).unwrap().apply(t), t - five);
+        assert_eq!(Offset::parse("+5m", d).unwrap().apply(t), t + five);
+        assert_eq!(Offset::parse("5m", d).unwrap().apply(t), t + five);
+        assert_eq!(Offset::parse("0s", d).unwrap(), Offset::default());
+        assert!(Offset::parse("-x", d).is_err());
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //!
 //! On SIGTERM the lease stays (kube leaves it to the garbage collector) unless
 //! `--delete-lease-on-exit`. SIGUSR1 toggles renewing, so tests can stop renewals while the
-//! process keeps serving.
+//! process keeps serving. `--lease-clock-offset` skews the clock `renewTime` is read from, like
+//! a host whose clock runs ahead or behind.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -37,6 +38,8 @@ pub struct LeaseOptions {
     /// The annotation's value; `None` leaves the annotation out.
     pub peer_address: Option<String>,
     pub delete_on_exit: bool,
+    /// This apiserver's clock, as far as `renewTime` goes (a skewed host).
+    pub clock: clock::Offset,
 }
 
 pub struct IdentityLease {
@@ -110,7 +113,7 @@ impl IdentityLease {
     pub async fn renew(&self, store: &Store) -> Result<(), StoreError> {
         let key = self.key();
         for _ in 0..3 {
-            let now = SystemTime::now();
+            let now = self.opts.clock.apply(SystemTime::now());
             let updated = store
                 .update(&key, false, |current| {
                     let mut obj = current.clone();
@@ -191,6 +194,7 @@ mod tests {
                 renew_interval: Duration::from_secs(10),
                 peer_address: addr.map(String::from),
                 delete_on_exit: false,
+                clock: clock::Offset::default(),
             },
         )
     }

@@ -103,6 +103,9 @@ struct Args {
     /// Delete the lease on SIGTERM/SIGINT (kube leaves it to its garbage collector).
     #[arg(long)]
     delete_lease_on_exit: bool,
+    /// Skew the clock the lease's `renewTime` is read from: `-5m` behind, `5m` ahead.
+    #[arg(long, default_value = "0s", allow_hyphen_values = true, value_parser = parse_clock_offset)]
+    lease_clock_offset: clock::Offset,
     /// How often watches that allow bookmarks get one (kube: about a minute).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     bookmark_interval: Duration,
@@ -242,6 +245,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+fn parse_clock_offset(s: &str) -> Result<clock::Offset, String> {
+    clock::Offset::parse(s, parse_duration)
+}
+
 enum Signal {
     Stop,
     ToggleRenewal,
@@ -333,6 +340,7 @@ async fn main() -> anyhow::Result<()> {
                 renew_interval: args.lease_renew_interval,
                 peer_address,
                 delete_on_exit: args.delete_lease_on_exit,
+                clock: args.lease_clock_offset,
             },
         ));
         lease
