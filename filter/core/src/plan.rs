@@ -499,3 +499,379 @@ impl ResponsePlan {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SCHEMA_VERSION;
+    use crate::config::{DiscoveryConfig, GroupVersionRoutes, JsonDocument, ResourceRoute};
+    use crate::routing::Reason;
+    use std::collections::BTreeMap;
+
+    const CLAIM: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims/gpu";
+    const RESIZE: &str = "/api/v1/namespaces/default/pods/web/resize";
+    const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+    const APIS: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[]}"#;
+
+    fn compiled(discovery: bool) -> CompiledConfig {
+        let route = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
+            resource: resource.into(),
+            local,
+            peer_cluster: peer.map(str::to_string),
+        };
+        let gv = |group: &str, version: &str, resources| GroupVersionRoutes {
+            group: group.into(),
+            version: version.into(),
+            shared_storage: false,
+            resources,
+        };
+        CompiledConfig::compile(&FilterConfig {
+            schema: SCHEMA_VERSION,
+            local_apiserver: "apiserver-a".into(),
+            peer_clusters: BTreeMap::from([("p133".to_string(), vec!["b".to_string()])]),
+            group_versions: vec![
+                gv(
+                    "",
+                    "v1",
+                    vec![
+                        route("pods", true, None),
+                        route("pods/resize", false, Some("p133")),
+                    ],
+                ),
+                gv(
+                    "resource.k8s.io",
+                    "v1beta2",
+                    vec![route("resourceclaims", false, Some("p133"))],
+                ),
+            ],
+            discovery: discovery.then(|| DiscoveryConfig {
+                apis: JsonDocument::from_str(APIS).unwrap(),
+                apis_etag: "aaa".into(),
+                api: JsonDocument::from_str(APIS).unwrap(),
+                api_etag: "bbb".into(),
+                legacy: BTreeMap::new(),
+            }),
+        })
+    }
+
+    fn headers(method: &str, path: &str, extra: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
+        let mut h = vec![
+            (":method".to_string(), method.as_bytes().to_vec()),
+            (":path".to_string(), path.as_bytes().to_vec()),
+        ];
+        h.extend(extra.iter().map(|(n, v)| (n.to_string(), v.to_vec())));
+        h
+    }
+
+    fn forward(plan: RequestPlan<'_>) -> Forward<'_> {
+        match plan {
+            RequestPlan::Forward(f) => f,
+            other => panic!("not forwarded: {other:?}"),
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn plans_auth_cluster_class_and_route() {
+        let c = compiled(true);
+        let token: &[(&str, &[u8])] = &[("authorization", b"Bearer \xff")];
+        // (method, path, headers, subject, auth, cluster, class, peer target, counters)
+        type Case<'a> = (
+            &'a str,
+            &'a str,
+            &'a [(&'a str, &'a [u8])],
+            Option<&'a [u8]>,
+            UpstreamAuth,
+            &'a str,
+            RequestClass,
+            Option<&'a str>,
+            Vec<Counter>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "GET",
+                "/api/v1/pods",
+                token,
+                None,
+                UpstreamAuth::Token,
+                "skewgate-local-token",
+                RequestClass::Short,
+                None,
+                vec![],
+            ),
+            (
+                "GET",
+                CLAIM,
+                &[],
+                None,
+                UpstreamAuth::Anonymous,
+                "p133-anonymous",
+                RequestClass::Short,
+                Some("resource.k8s.io/v1beta2, Resource=resourceclaims"),
+                vec![Counter::Rerouted],
+            ),
+            (
+                "PATCH",
+                RESIZE,
+                token,
+                Some(b"CN=alice"),
+                UpstreamAuth::ProxyIdentity,
+                "p133-identity",
+                RequestClass::Short,
+                Some("v1, Resource=pods/resize"),
+                vec![Counter::Rerouted],
+            ),
+            (
+                "GET",
+                "/api/v1/pods?watch=1",
+                &[],
+                Some(b""),
+                UpstreamAuth::Anonymous,
+                "skewgate-local-anonymous",
+                RequestClass::Unbounded,
+                None,
+                vec![],
+            ),
+            // Unparseable: the local apiserver answers it, unbounded as without us.
+            (
+                "GET",
+                "/api/v1/namespaces/%zz/pods",
+                &[],
+                None,
+                UpstreamAuth::Anonymous,
+                "skewgate-local-anonymous",
+                RequestClass::Unbounded,
+                None,
+                vec![],
+            ),
+            (
+                "GET",
+                "/apis/apps",
+                &[],
+                None,
+                UpstreamAuth::Anonymous,
+                "skewgate-local-anonymous",
+                RequestClass::Short,
+                None,
+                vec![Counter::DiscoveryCacheMiss],
+            ),
+        ];
+        for (method, path, extra, subject, auth, cluster, class, target, counters) in cases {
+            let h = headers(method, path, extra);
+            let f = forward(plan_request(&h, subject, &c));
+            assert_eq!(f.auth.upstream(), auth, "{path}");
+            assert_eq!(f.cluster, cluster, "{path}");
+            assert_eq!(f.class, class, "{path}");
+            assert_eq!(f.response.peer_target.as_deref(), target, "{path}");
+            assert_eq!(f.response.discovery, None, "{path}");
+            assert_eq!(f.counters, counters, "{path}");
+            assert!(matches!(f.route, Route::Table(_)), "{path}");
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn header_ops_strip_first_then_identity_then_routing() {
+        let c = compiled(true);
+        let h = headers(
+            "GET",
+            CLAIM,
+            &[
+                ("X-Remote-User", b"mallory"),
+                ("x-skewgate-upstream-cluster", b"evil"),
+                ("x-kubernetes-peer-proxied", b"true"),
+                ("accept", b"application/json"),
+            ],
+        );
+        let f = forward(plan_request(&h, Some(b"O=b,O=a,CN=alice"), &c));
+        assert_eq!(
+            f.strip,
+            [
+                "X-Remote-User",
+                "x-skewgate-upstream-cluster",
+                "x-kubernetes-peer-proxied"
+            ]
+        );
+        assert_eq!(
+            f.route,
+            Route::Table(Decision {
+                upstream: Upstream::Peer { cluster: "p133" },
+                reason: Reason::ServedByPeer
+            })
+        );
+        let b = |s: &'static str| Cow::Borrowed(s);
+        assert_eq!(
+            f.header_ops(),
+            vec![
+                HeaderOp::Remove("X-Remote-User"),
+                HeaderOp::Remove("x-skewgate-upstream-cluster"),
+                HeaderOp::Remove("x-kubernetes-peer-proxied"),
+                HeaderOp::Add("x-remote-user", b("alice")),
+                HeaderOp::Add("x-remote-group", b("a")),
+                HeaderOp::Add("x-remote-group", b("b")),
+                HeaderOp::Set("x-kubernetes-peer-proxied", b("true")),
+                HeaderOp::Set("x-skewgate-request-class", b("short")),
+                HeaderOp::Set("x-skewgate-upstream-cluster", b("p133-identity")),
+            ]
+        );
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn an_unmappable_certificate_is_refused() {
+        let c = compiled(true);
+        let h = headers("GET", "/api/v1/pods", &[("authorization", b"Bearer x")]);
+        for subject in [&b"O=x"[..], b"CN=\xff", b"CN=a\\0Ab", b",,,"] {
+            match plan_request(&h, Some(subject), &c) {
+                RequestPlan::RefuseCertificate { reply, error, .. } => {
+                    assert_eq!(reply.code, 401);
+                    assert_eq!(reply.content_type, status::CONTENT_TYPE);
+                    assert!(reply.body.contains(&error.to_string()), "{}", reply.body);
+                }
+                other => panic!("{subject:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn discovery_is_negotiated_once_and_answered_from_the_choice() {
+        let c = compiled(true);
+        let h = headers(
+            "GET",
+            "/apis?timeout=32s",
+            &[
+                ("accept", V2.as_bytes()),
+                ("if-none-match", b"\"old\""),
+                ("accept-encoding", b"gzip"),
+                ("authorization", b"Bearer x"),
+            ],
+        );
+        let f = forward(plan_request(&h, None, &c));
+        assert_eq!(f.route, Route::MergedDiscovery);
+        assert_eq!(f.class, RequestClass::Short);
+        assert_eq!(f.cluster, "skewgate-local-token");
+        assert!(f.counters.is_empty());
+        assert!(f.response.peer_target.is_none());
+        assert!(f.response.discovery.is_some());
+        assert_eq!(
+            f.header_ops(),
+            vec![
+                HeaderOp::Set("accept", Cow::Borrowed("application/json")),
+                HeaderOp::Remove("if-none-match"),
+                HeaderOp::Remove("accept-encoding"),
+                HeaderOp::Set("x-skewgate-request-class", Cow::Borrowed("short")),
+                HeaderOp::Set(
+                    "x-skewgate-upstream-cluster",
+                    Cow::Borrowed("skewgate-local-token")
+                ),
+            ]
+        );
+        let plan = f.response;
+        // Only an authorized answer is replaced; code_details is needed for the others >= 400.
+        for (code, replaced, needs_details) in [
+            (200, true, false),
+            (404, true, false),
+            (304, false, false),
+            (401, false, true),
+            (403, false, true),
+            (503, false, true),
+        ] {
+            assert_eq!(plan.needs_details(code), needs_details, "{code}");
+            let decision = plan.decide(&c, code, "via_upstream");
+            match decision {
+                ResponseDecision::Replace(r) if replaced => {
+                    assert_eq!(r.cause, ReplaceCause::MergedDiscovery);
+                    assert_eq!(r.counter, Some(Counter::DiscoveryCacheHit));
+                    assert_eq!(r.body.bytes(&c), APIS.as_bytes());
+                    assert_eq!(
+                        r.headers,
+                        vec![
+                            HeaderOp::Set(":status", Cow::Owned("200".to_string())),
+                            HeaderOp::Set("content-type", Cow::Borrowed(V2)),
+                            HeaderOp::Remove("content-length"),
+                            HeaderOp::Set("etag", Cow::Borrowed("\"aaa\"")),
+                            HeaderOp::Set("vary", Cow::Borrowed("Accept")),
+                            HeaderOp::Set("cache-control", Cow::Borrowed("public")),
+                            HeaderOp::Remove("content-encoding"),
+                        ]
+                    );
+                }
+                ResponseDecision::Pass if !replaced => {}
+                other => panic!("{code}: {other:?}"),
+            }
+        }
+        // Without merged discovery configured, the same request is a miss, routed locally.
+        let without = compiled(false);
+        let f = forward(plan_request(&h, None, &without));
+        assert!(f.response.discovery.is_none());
+        assert!(matches!(f.route, Route::Table(_)));
+        // And a choice made on another configuration answers nothing rather than panicking.
+        let body = ReplacementBody::Discovery(plan.discovery.unwrap());
+        assert_eq!(body.bytes(&without), b"");
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn envoy_replies_become_status_and_a_dead_peer_503() {
+        let c = compiled(true);
+        let peer = ResponsePlan {
+            discovery: None,
+            peer_target: Some("g/v, Resource=r".into()),
+        };
+        let local = ResponsePlan::default();
+        assert!(peer.needs_details(503) && !peer.needs_details(200));
+        assert_eq!(peer.decide(&c, 200, ""), ResponseDecision::Pass);
+        assert_eq!(peer.decide(&c, 503, "via_upstream"), ResponseDecision::Pass);
+        assert_eq!(peer.decide(&c, 503, ""), ResponseDecision::Pass);
+        let ResponseDecision::Replace(r) = peer.decide(&c, 504, "upstream_response_timeout") else {
+            panic!("not replaced")
+        };
+        assert_eq!(
+            r.cause,
+            ReplaceCause::EnvoyReply {
+                envoy_code: 504,
+                code: 503
+            }
+        );
+        assert_eq!(r.counter, Some(Counter::PeerProxyError));
+        assert_eq!(
+            r.headers,
+            vec![
+                HeaderOp::Set(":status", Cow::Owned("503".to_string())),
+                HeaderOp::Set("content-type", Cow::Borrowed("application/json")),
+                HeaderOp::Remove("content-length"),
+            ]
+        );
+        let body = String::from_utf8(r.body.bytes(&c).to_vec()).unwrap();
+        assert!(body.contains("g/v, Resource=r did not answer"), "{body}");
+        let ResponseDecision::Replace(r) = local.decide(&c, 504, "upstream_response_timeout")
+        else {
+            panic!("not replaced")
+        };
+        assert_eq!(
+            r.cause,
+            ReplaceCause::EnvoyReply {
+                envoy_code: 504,
+                code: 504
+            }
+        );
+        assert_eq!(r.counter, None);
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn reads_status_codes() {
+        for (raw, code) in [
+            (Some(&b"200"[..]), 200),
+            (Some(b"503"), 503),
+            (Some(b"5\xff3"), 0),
+            (Some(b""), 0),
+            (Some(b"99999"), 0),
+            (None, 0),
+        ] {
+            assert_eq!(status_code(raw), code, "{raw:?}");
+        }
+        assert_eq!(LocalReply::host_failure().code, 503);
+    }
+}
