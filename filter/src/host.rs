@@ -1,74 +1,119 @@
-//! Host calls that cannot panic.
+//! The host, behind a trait: the real proxy-wasm host calls in [`ProxyHost`], a recording fake
+//! in the tests.
 //!
-//! proxy-wasm's trait helpers `unwrap()` every host result and decode header values as UTF-8
-//! with `unwrap()`: a client sending one obs-text byte in a header would crash the VM for every
-//! request on that worker. We call `hostcalls` directly and work on bytes.
+//! Host calls that cannot panic: proxy-wasm's trait helpers `unwrap()` every host result and
+//! decode header values as UTF-8 with `unwrap()`: a client sending one obs-text byte in a header
+//! would crash the VM for every request on that worker. We call `hostcalls` directly and work on
+//! bytes.
+
+use std::fmt;
+use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{Bytes, MapType, Status};
+use proxy_wasm::types::{BufferType, Bytes, MapType, Status};
 
-/// All request header names and raw values, in one crossing of the VM boundary.
-pub fn request_headers() -> Result<Vec<(String, Bytes)>, Status> {
-    hostcalls::get_map_bytes(MapType::HttpRequestHeaders)
+/// Which header map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Headers {
+    Request,
+    Response,
 }
 
-pub fn set_request_header(name: &str, value: &str) -> Result<(), Status> {
-    hostcalls::set_map_value_bytes(MapType::HttpRequestHeaders, name, Some(value.as_bytes()))
+impl Headers {
+    fn map_type(self) -> MapType {
+        match self {
+            Headers::Request => MapType::HttpRequestHeaders,
+            Headers::Response => MapType::HttpResponseHeaders,
+        }
+    }
 }
 
-pub fn remove_request_header(name: &str) -> Result<(), Status> {
-    hostcalls::set_map_value_bytes(MapType::HttpRequestHeaders, name, None)
+/// Everything a request asks of the host. Each call but `log` crosses the VM boundary.
+pub trait Host {
+    /// All request header names and raw values, in one crossing.
+    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, Status>;
+    fn response_header(&mut self, name: &str) -> Result<Option<Bytes>, Status>;
+    fn property(&mut self, path: &[&str]) -> Result<Option<Bytes>, Status>;
+    /// Sets the header to `value`, replacing every value; `None` removes it.
+    fn set_header(&mut self, map: Headers, name: &str, value: Option<&str>) -> Result<(), Status>;
+    /// Adds a value (a header may repeat).
+    fn add_header(&mut self, map: Headers, name: &str, value: &str) -> Result<(), Status>;
+    /// Make Envoy re-evaluate the route after we changed the headers it routes on.
+    fn clear_route_cache(&mut self) -> Result<(), Status>;
+    /// Answer the request here; Envoy stops it from going upstream.
+    fn send_response(
+        &mut self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), Status>;
+    /// Replace the first `size` bytes of the response body chunk at hand with `body`.
+    fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), Status>;
+    fn increment_metric(&mut self, id: u32) -> Result<(), Status>;
+    /// The host's clock, as time since the Unix epoch.
+    fn now(&mut self) -> Result<Duration, Status>;
+    fn log(&mut self, level: log::Level, message: fmt::Arguments<'_>);
 }
 
-pub fn response_header(name: &str) -> Result<Option<Bytes>, Status> {
-    hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
+/// The Envoy host, through proxy-wasm's `hostcalls`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProxyHost;
+
+impl Host for ProxyHost {
+    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, Status> {
+        hostcalls::get_map_bytes(MapType::HttpRequestHeaders)
+    }
+
+    fn response_header(&mut self, name: &str) -> Result<Option<Bytes>, Status> {
+        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
+    }
+
+    fn property(&mut self, path: &[&str]) -> Result<Option<Bytes>, Status> {
+        hostcalls::get_property(path.to_vec())
+    }
+
+    fn set_header(&mut self, map: Headers, name: &str, value: Option<&str>) -> Result<(), Status> {
+        hostcalls::set_map_value_bytes(map.map_type(), name, value.map(str::as_bytes))
+    }
+
+    fn add_header(&mut self, map: Headers, name: &str, value: &str) -> Result<(), Status> {
+        hostcalls::add_map_value_bytes(map.map_type(), name, value.as_bytes())
+    }
+
+    /// proxy-wasm 0.2.5 has no helper; Envoy registers this foreign function for exactly that.
+    fn clear_route_cache(&mut self) -> Result<(), Status> {
+        hostcalls::call_foreign_function("clear_route_cache", None).map(|_| ())
+    }
+
+    fn send_response(
+        &mut self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), Status> {
+        hostcalls::send_http_response(status, headers.to_vec(), Some(body))
+    }
+
+    fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), Status> {
+        hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, body)
+    }
+
+    fn increment_metric(&mut self, id: u32) -> Result<(), Status> {
+        hostcalls::increment_metric(id, 1)
+    }
+
+    fn now(&mut self) -> Result<Duration, Status> {
+        // Before the epoch cannot happen (the host counts nanoseconds from it); 0 if it did.
+        hostcalls::get_current_time().map(|t| t.duration_since(UNIX_EPOCH).unwrap_or_default())
+    }
+
+    fn log(&mut self, level: log::Level, message: fmt::Arguments<'_>) {
+        // Through the `log` facade proxy-wasm installed: filtered by level before formatting.
+        log::log!(level, "{message}");
+    }
 }
 
-pub fn set_response_header(name: &str, value: &str) -> Result<(), Status> {
-    hostcalls::set_map_value_bytes(MapType::HttpResponseHeaders, name, Some(value.as_bytes()))
-}
-
-pub fn remove_response_header(name: &str) -> Result<(), Status> {
-    hostcalls::set_map_value_bytes(MapType::HttpResponseHeaders, name, None)
-}
-
-pub fn replace_response_body(size: usize, body: &[u8]) -> Result<(), Status> {
-    hostcalls::set_buffer(
-        proxy_wasm::types::BufferType::HttpResponseBody,
-        0,
-        size,
-        body,
-    )
-}
-
-pub fn property(path: &[&str]) -> Result<Option<Bytes>, Status> {
-    hostcalls::get_property(path.to_vec())
-}
-
-/// Make Envoy re-evaluate the route after we changed the headers it routes on. proxy-wasm
-/// 0.2.5 has no helper; Envoy registers this foreign function for exactly that.
-pub fn clear_route_cache() -> Result<(), Status> {
-    hostcalls::call_foreign_function("clear_route_cache", None).map(|_| ())
-}
-
+/// The plugin configuration (root context only).
 pub fn plugin_configuration() -> Result<Option<Bytes>, Status> {
-    hostcalls::get_buffer(
-        proxy_wasm::types::BufferType::PluginConfiguration,
-        0,
-        usize::MAX,
-    )
-}
-
-/// Adds a value (a header may repeat: one `X-Remote-Group` per group).
-pub fn add_request_header(name: &str, value: &str) -> Result<(), Status> {
-    hostcalls::add_map_value_bytes(MapType::HttpRequestHeaders, name, value.as_bytes())
-}
-
-pub fn add_response_header(name: &str, value: &str) -> Result<(), Status> {
-    hostcalls::add_map_value_bytes(MapType::HttpResponseHeaders, name, value.as_bytes())
-}
-
-/// Answer the request here; Envoy stops it from going upstream.
-pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> Result<(), Status> {
-    hostcalls::send_http_response(status, headers.to_vec(), Some(body))
+    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
 }

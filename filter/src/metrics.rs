@@ -3,17 +3,15 @@
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
+use skewgate_core::plan::Counter;
 
+/// The metric id of each [`Counter`]; `None` where the host refused to define it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Metrics {
-    /// A discovery request answered from the merged documents.
     pub discovery_cache_hits: Option<u32>,
-    /// A discovery request we could not answer from them (forwarded to the local apiserver).
     pub discovery_cache_misses: Option<u32>,
-    /// A `profile=nopeer` discovery request (forwarded to the local apiserver).
     pub discovery_nopeer: Option<u32>,
-    /// A request routed to a peer.
     pub rerouted: Option<u32>,
-    /// A peer-bound request Envoy could not complete (answered 503).
     pub peer_proxy_errors: Option<u32>,
 }
 
@@ -28,6 +26,7 @@ fn counter(name: &str) -> Option<u32> {
 }
 
 impl Metrics {
+    /// Defines the counters with the host (root context, once per VM).
     pub fn define() -> Self {
         Metrics {
             discovery_cache_hits: counter("aggregator_discovery_peer_aggregated_cache_hits_total"),
@@ -40,9 +39,13 @@ impl Metrics {
         }
     }
 
-    pub fn inc(id: Option<u32>) {
-        if let Some(id) = id {
-            let _ = hostcalls::increment_metric(id, 1);
+    pub fn id(&self, counter: Counter) -> Option<u32> {
+        match counter {
+            Counter::DiscoveryCacheHit => self.discovery_cache_hits,
+            Counter::DiscoveryCacheMiss => self.discovery_cache_misses,
+            Counter::DiscoveryNoPeer => self.discovery_nopeer,
+            Counter::Rerouted => self.rerouted,
+            Counter::PeerProxyError => self.peer_proxy_errors,
         }
     }
 }

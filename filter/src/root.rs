@@ -6,26 +6,19 @@ use std::rc::Rc;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use skewgate_core::config::FilterConfig;
-use skewgate_core::discovery::MergedDiscovery;
-use skewgate_core::routing::RoutingTable;
+use skewgate_core::plan::CompiledConfig;
 
-use crate::host;
+use crate::host::{self, ProxyHost};
 use crate::metrics::Metrics;
-use crate::request::Request;
-
-/// One accepted configuration, compiled for request time and shared by every request.
-pub struct Compiled {
-    pub table: RoutingTable,
-    /// `None` when the control plane sent no merged discovery: discovery goes to local.
-    pub discovery: Option<MergedDiscovery>,
-}
+use crate::request::{Request, Worker};
 
 #[derive(Default)]
 pub struct Root {
     /// `None` until a configuration has been accepted; Envoy does not create HTTP contexts for
     /// a plugin whose `on_configure` failed, so requests never see `None`.
-    compiled: Option<Rc<Compiled>>,
-    metrics: Option<Rc<Metrics>>,
+    compiled: Option<Rc<CompiledConfig>>,
+    /// Defined with the first accepted configuration, kept across the later ones.
+    worker: Option<Rc<Worker>>,
 }
 
 impl Context for Root {}
@@ -48,10 +41,7 @@ impl RootContext for Root {
         };
         match FilterConfig::from_json(&bytes) {
             Ok(config) => {
-                let compiled = Compiled {
-                    table: RoutingTable::compile(&config),
-                    discovery: config.discovery.as_ref().map(MergedDiscovery::compile),
-                };
+                let compiled = CompiledConfig::compile(&config);
                 log::info!(
                     "skewgate: configured for apiserver {:?}: {} group-versions, {} peer clusters, merged discovery {}",
                     config.local_apiserver,
@@ -60,8 +50,8 @@ impl RootContext for Root {
                     if compiled.discovery.is_some() { "on" } else { "off" },
                 );
                 self.compiled = Some(Rc::new(compiled));
-                if self.metrics.is_none() {
-                    self.metrics = Some(Rc::new(Metrics::define()));
+                if self.worker.is_none() {
+                    self.worker = Some(Rc::new(Worker::new(Metrics::define())));
                 }
                 true
             }
@@ -74,8 +64,8 @@ impl RootContext for Root {
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let compiled = self.compiled.clone()?;
-        let metrics = self.metrics.clone()?;
-        Some(Box::new(Request::new(compiled, metrics)))
+        let worker = self.worker.clone()?;
+        Some(Box::new(Request::new(ProxyHost, compiled, worker)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -1,4 +1,4 @@
-//! Serving peer-aggregated discovery from the configuration (DESIGN.md step 3).
+//! Serving peer-aggregated discovery from the configuration (docs/ARCHITECTURE.md step 3).
 //!
 //! `GET /apis` and `GET /api` with an aggregated-discovery Accept clause are answered from the
 //! merged documents the control plane put in the configuration, so every client sees the union
@@ -53,6 +53,38 @@ pub struct Response<'a> {
     pub gzip: bool,
 }
 
+/// The outcome of negotiating one discovery request against the merged documents: which
+/// document, in which form. Small and `Copy`, so the filter negotiates once, when the request
+/// headers arrive, and keeps only this until the local apiserver's answer comes back; then
+/// [`MergedDiscovery::respond`] is a lookup, not a second negotiation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiscoveryChoice {
+    document: Document,
+    /// `If-None-Match` matched the document's ETag: answer 304.
+    not_modified: bool,
+    /// `HEAD`: headers only.
+    head: bool,
+    /// The client accepts gzip (the document is compressed only past the threshold).
+    accepts_gzip: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Document {
+    Apis(AggregatedVersion),
+    Api(AggregatedVersion),
+    /// Index into [`MergedDiscovery::legacy_documents`].
+    Legacy(usize),
+}
+
+/// `Document::Apis` or `Document::Api`.
+type MakeDocument = fn(AggregatedVersion) -> Document;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AggregatedVersion {
+    V2,
+    V2Beta1,
+}
+
 /// The request headers discovery looks at.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DiscoveryHeaders<'a> {
@@ -101,6 +133,16 @@ const V2_API_VERSION: &str = "\"apiVersion\":\"apidiscovery.k8s.io/v2\"";
 const V2BETA1_API_VERSION: &str = "\"apiVersion\":\"apidiscovery.k8s.io/v2beta1\"";
 
 impl AggregatedDocument {
+    fn encoded(&self, version: AggregatedVersion) -> Option<(&Encoded, DiscoveryFormat)> {
+        match version {
+            AggregatedVersion::V2 => Some((&self.v2, DiscoveryFormat::AggregatedV2)),
+            AggregatedVersion::V2Beta1 => self
+                .v2beta1
+                .as_ref()
+                .map(|e| (e, DiscoveryFormat::AggregatedV2Beta1)),
+        }
+    }
+
     fn new(body: &str, etag: &str) -> Self {
         let v2beta1 = body
             .contains(V2_API_VERSION)
@@ -118,108 +160,151 @@ impl AggregatedDocument {
 pub struct MergedDiscovery {
     apis: AggregatedDocument,
     api: AggregatedDocument,
-    legacy: HashMap<String, Encoded>,
+    /// Legacy documents by path: an index into `legacy_documents`.
+    legacy: HashMap<String, usize>,
+    legacy_documents: Vec<Encoded>,
 }
 
 impl MergedDiscovery {
     pub fn compile(config: &DiscoveryConfig) -> Self {
+        let mut legacy = HashMap::with_capacity(config.legacy.len());
+        let mut legacy_documents = Vec::with_capacity(config.legacy.len());
+        for (path, doc) in &config.legacy {
+            legacy.insert(path.clone(), legacy_documents.len());
+            legacy_documents.push(Encoded::new(doc.get().to_string(), String::new()));
+        }
         MergedDiscovery {
             apis: AggregatedDocument::new(config.apis.get(), &config.apis_etag),
             api: AggregatedDocument::new(config.api.get(), &config.api_etag),
-            legacy: config
-                .legacy
-                .iter()
-                .map(|(path, doc)| {
-                    (
-                        path.clone(),
-                        Encoded::new(doc.get().to_string(), String::new()),
-                    )
-                })
-                .collect(),
+            legacy,
+            legacy_documents,
         }
     }
 
-    /// Decide for one request. `path_and_query` is Envoy's `:path`.
+    /// Decide for one request. `path_and_query` is Envoy's `:path`. The same as
+    /// [`negotiate`](Self::negotiate) followed by [`respond`](Self::respond).
     pub fn answer<'a>(
         &'a self,
         method: &str,
         path_and_query: &str,
         headers: DiscoveryHeaders<'_>,
     ) -> (DiscoveryAnswer<'a>, PassReason) {
+        match self.negotiate(method, path_and_query, headers) {
+            (Some(choice), reason) => match self.respond(choice) {
+                Some(response) => (DiscoveryAnswer::Respond(response), reason),
+                None => (DiscoveryAnswer::Pass, PassReason::Local),
+            },
+            (None, reason) => (DiscoveryAnswer::Pass, reason),
+        }
+    }
+
+    /// Negotiate one request: `Some` when we answer it from the merged documents (the reason
+    /// is then [`PassReason::NotDiscovery`]), `None` with the reason it passes otherwise.
+    pub fn negotiate(
+        &self,
+        method: &str,
+        path_and_query: &str,
+        headers: DiscoveryHeaders<'_>,
+    ) -> (Option<DiscoveryChoice>, PassReason) {
         let head = match method {
             "GET" => false,
             "HEAD" => true,
-            _ => return (DiscoveryAnswer::Pass, PassReason::NotDiscovery),
+            _ => return (None, PassReason::NotDiscovery),
         };
         let path = path_and_query
             .split_once('?')
             .map_or(path_and_query, |(p, _)| p);
-        let aggregated = match path {
-            "/apis" => Some(&self.apis),
-            "/api" => Some(&self.api),
+        let aggregated: Option<(&AggregatedDocument, MakeDocument)> = match path {
+            "/apis" => Some((&self.apis, Document::Apis)),
+            "/api" => Some((&self.api, Document::Api)),
             _ => None,
         };
-        let legacy = self.legacy.get(path);
+        let legacy = self.legacy.get(path).copied();
         if aggregated.is_none() && legacy.is_none() {
             let reason = if is_discovery_path(path) {
                 PassReason::Local
             } else {
                 PassReason::NotDiscovery
             };
-            return (DiscoveryAnswer::Pass, reason);
+            return (None, reason);
         }
         let Ok(negotiated) = negotiation::negotiate_discovery(headers.accept) else {
-            return (DiscoveryAnswer::Pass, PassReason::Local);
+            return (None, PassReason::Local);
         };
         if negotiated.nopeer {
-            return (DiscoveryAnswer::Pass, PassReason::NoPeer);
+            return (None, PassReason::NoPeer);
         }
         if !negotiated.json {
-            return (DiscoveryAnswer::Pass, PassReason::Local);
+            return (None, PassReason::Local);
         }
-        let (encoded, content_type, with_etag) = match (negotiated.format, aggregated, legacy) {
-            (DiscoveryFormat::AggregatedV2, Some(doc), _) => {
-                (Some(&doc.v2), negotiated_type(negotiated.format), true)
+        let document = match (negotiated.format, aggregated, legacy) {
+            (DiscoveryFormat::AggregatedV2, Some((_, document)), _) => {
+                document(AggregatedVersion::V2)
             }
-            (DiscoveryFormat::AggregatedV2Beta1, Some(doc), _) => (
-                doc.v2beta1.as_ref(),
-                negotiated_type(negotiated.format),
-                true,
-            ),
-            (DiscoveryFormat::Legacy, _, Some(doc)) => {
-                (Some(doc), negotiated_type(negotiated.format), false)
+            (DiscoveryFormat::AggregatedV2Beta1, Some((doc, document)), _)
+                if doc.v2beta1.is_some() =>
+            {
+                document(AggregatedVersion::V2Beta1)
             }
-            _ => (None, "", false),
+            (DiscoveryFormat::Legacy, _, Some(index)) => Document::Legacy(index),
+            _ => return (None, PassReason::Local),
         };
-        let Some(encoded) = encoded else {
-            return (DiscoveryAnswer::Pass, PassReason::Local);
+        let Some((encoded, _, etag)) = self.document(document) else {
+            return (None, PassReason::Local);
         };
-        let etag = with_etag.then_some(encoded.etag.as_str());
-        if etag.is_some_and(|etag| negotiation::etag_matches(headers.if_none_match, etag)) {
-            let response = Response {
+        let choice = DiscoveryChoice {
+            document,
+            not_modified: etag
+                .is_some_and(|_| negotiation::etag_matches(headers.if_none_match, &encoded.etag)),
+            head,
+            accepts_gzip: accepts_gzip(headers.accept_encoding),
+        };
+        (Some(choice), PassReason::NotDiscovery)
+    }
+
+    /// The answer for a request negotiated by [`negotiate`](Self::negotiate) on this same
+    /// compiled configuration (`None` only for a choice made on another one).
+    pub fn respond(&self, choice: DiscoveryChoice) -> Option<Response<'_>> {
+        let (encoded, content_type, etag) = self.document(choice.document)?;
+        if choice.not_modified {
+            return Some(Response {
                 status: 304,
                 content_type,
                 etag,
                 body: &[],
                 gzip: false,
-            };
-            return (DiscoveryAnswer::Respond(response), PassReason::NotDiscovery);
+            });
         }
-        let gzipped = accepts_gzip(headers.accept_encoding)
-            .then(|| encoded.gzipped())
-            .flatten();
+        let gzipped = choice.accepts_gzip.then(|| encoded.gzipped()).flatten();
         let (body, gzip) = match gzipped {
             Some(bytes) => (bytes, true),
             None => (encoded.body.as_bytes(), false),
         };
-        let response = Response {
+        Some(Response {
             status: 200,
             content_type,
             etag,
-            body: if head { &[] } else { body },
+            body: if choice.head { &[] } else { body },
             gzip,
+        })
+    }
+
+    /// A document, its Content-Type, and its ETag (aggregated documents only: legacy
+    /// discovery has none upstream).
+    fn document(&self, document: Document) -> Option<(&Encoded, &'static str, Option<&str>)> {
+        let (encoded, format) = match document {
+            Document::Apis(version) => self.apis.encoded(version)?,
+            Document::Api(version) => self.api.encoded(version)?,
+            Document::Legacy(index) => {
+                let encoded = self.legacy_documents.get(index)?;
+                return Some((encoded, negotiated_type(DiscoveryFormat::Legacy), None));
+            }
         };
-        (DiscoveryAnswer::Respond(response), PassReason::NotDiscovery)
+        Some((
+            encoded,
+            negotiated_type(format),
+            Some(encoded.etag.as_str()),
+        ))
     }
 }
 

@@ -1,4 +1,4 @@
-//! What to do with a reply Envoy generated itself (DESIGN.md step 9).
+//! What to do with a reply Envoy generated itself (docs/ARCHITECTURE.md step 9).
 //!
 //! Envoy answers with plain text when it cannot reach an upstream ("upstream connect error or
 //! disconnect/reset before headers..."). kube clients expect a `metav1.Status`; and for a request

@@ -47,11 +47,11 @@
 //!    that restriction only accepts a pair whose `g`/`v`/`as` name the aggregated discovery
 //!    GVK. A clause without `g`/`v`/`as` (plain `application/json`) is *skipped*, not chosen: so
 //!    **any acceptable aggregated clause beats plain `application/json` whatever the q
-//!    values**, even an aggregated clause with `q=0` (DESIGN.md step 3 is what upstream does).
-//!    A pair is also refused when it carries a non-empty `sv`, or a non-empty `stream` other
-//!    than `watch` (or `stream=watch` on YAML, which has no stream serializer). Every other
-//!    parameter (`pretty`, `charset`, unknown names, any `profile` value) is ignored: **unknown
-//!    parameters do not make a clause fail**.
+//!    values**, even an aggregated clause with `q=0` (docs/ARCHITECTURE.md step 3 is what
+//!    upstream does). A pair is also refused when it carries a non-empty `sv`, or a non-empty
+//!    `stream` other than `watch` (or `stream=watch` on YAML, which has no stream serializer).
+//!    Every other parameter (`pretty`, `charset`, unknown names, any `profile` value) is
+//!    ignored: **unknown parameters do not make a clause fail**.
 //! 4. **Aggregated GVK**: `g=apidiscovery.k8s.io`, `as=APIGroupDiscoveryList`, `v=v2` or
 //!    `v=v2beta1`. Servers from 1.33 on have the `AggregatedDiscoveryRemoveBetaType` gate on
 //!    (locked in 1.35, code removed later), so they do not accept `v2beta1`; use

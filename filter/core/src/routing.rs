@@ -1,5 +1,5 @@
-//! Where a request goes: the local apiserver or a peer cluster (DESIGN.md "Request path",
-//! steps 4-8).
+//! Where a request goes: the local apiserver or a peer cluster (docs/ARCHITECTURE.md
+//! "Request path", steps 4-8).
 //!
 //! The configuration is compiled once per push into nested maps keyed by `&str`, so a request
 //! costs a parse and at most four hash lookups, with no allocation beyond the parse.

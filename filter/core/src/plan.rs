@@ -1,0 +1,877 @@
+//! The filter's whole per-request decision, as data (docs/ARCHITECTURE.md "Request path",
+//! steps 1-9).
+//!
+//! [`plan_request`] takes what the filter reads when the request headers arrive (the headers,
+//! the client certificate's subject) and the compiled configuration, and returns a
+//! [`RequestPlan`]: answer here, or forward with these header changes to that cluster, keeping
+//! a [`ResponsePlan`] for the answer. [`ResponsePlan::decide`] does the same for the response:
+//! pass it, replace it with the merged discovery answer, or replace Envoy's own reply with a
+//! Status. The proxy-wasm shell only reads what these functions need, applies what they return,
+//! and counts; it decides nothing.
+
+use std::borrow::Cow;
+
+use crate::config::{FilterConfig, UpstreamAuth, LOCAL_CLUSTER};
+use crate::discovery::{DiscoveryChoice, DiscoveryHeaders, MergedDiscovery, PassReason};
+use crate::hygiene::{self, PEER_PROXIED, REQUEST_CLASS, SHORT_REQUEST, UPSTREAM_CLUSTER};
+use crate::identity::{self, ClientIdentity, IdentityError};
+use crate::local_reply::{self, RoutedTo};
+use crate::request_info::RequestInfo;
+use crate::routing::{Decision, RoutingTable, Upstream};
+use crate::status;
+
+/// One accepted configuration, compiled for request time and shared by every request.
+#[derive(Debug)]
+pub struct CompiledConfig {
+    pub table: RoutingTable,
+    /// `None` when the control plane sent no merged discovery: discovery goes to local.
+    pub discovery: Option<MergedDiscovery>,
+}
+
+impl CompiledConfig {
+    pub fn compile(config: &FilterConfig) -> Self {
+        CompiledConfig {
+            table: RoutingTable::compile(config),
+            discovery: config.discovery.as_ref().map(MergedDiscovery::compile),
+        }
+    }
+}
+
+/// One change to a header map, applied in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderOp<'a> {
+    /// Remove every value of the header.
+    Remove(&'a str),
+    /// Replace every value of the header with this one.
+    Set(&'a str, Cow<'a, str>),
+    /// Add a value (a header may repeat: one `X-Remote-Group` per group).
+    Add(&'a str, Cow<'a, str>),
+}
+
+/// The filter's counters (the shell maps them to Envoy metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    /// A discovery request answered from the merged documents.
+    DiscoveryCacheHit,
+    /// A discovery request we could not answer from them (forwarded to the local apiserver).
+    DiscoveryCacheMiss,
+    /// A `profile=nopeer` discovery request (forwarded to the local apiserver).
+    DiscoveryNoPeer,
+    /// A request routed to a peer.
+    Rerouted,
+    /// A peer-bound request Envoy could not complete (answered 503).
+    PeerProxyError,
+}
+
+/// A reply the filter sends itself, instead of forwarding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub code: u16,
+    pub content_type: &'static str,
+    /// A `metav1.Status` document.
+    pub body: String,
+}
+
+impl LocalReply {
+    fn failure(code: u16, message: &str) -> Self {
+        LocalReply {
+            code,
+            content_type: status::CONTENT_TYPE,
+            body: status::failure(code, message),
+        }
+    }
+
+    /// The reply when the host failed us mid-request: a request we could not sanitise must not
+    /// reach an apiserver, so it fails closed.
+    pub fn host_failure() -> Self {
+        LocalReply::failure(503, "the proxy could not process the request")
+    }
+}
+
+/// How the forwarded request authenticates to the apiserver (see [`UpstreamAuth`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Auth {
+    /// A verified client certificate, forwarded as `X-Remote-User`/`X-Remote-Group`.
+    ProxyIdentity(ClientIdentity),
+    /// The client sent `Authorization`: the apiserver authenticates it.
+    Token,
+    Anonymous,
+}
+
+impl Auth {
+    pub fn upstream(&self) -> UpstreamAuth {
+        match self {
+            Auth::ProxyIdentity(_) => UpstreamAuth::ProxyIdentity,
+            Auth::Token => UpstreamAuth::Token,
+            Auth::Anonymous => UpstreamAuth::Anonymous,
+        }
+    }
+}
+
+/// How long the request may take upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestClass {
+    /// Bounded by the apiserver's `--request-timeout`, and so by Envoy's route: an apiserver
+    /// that accepts the connection but never answers yields a 503.
+    Short,
+    /// Not bounded: watches, exec, logs and the like stream for as long as they last; and a
+    /// request we could not parse, which the local apiserver answers as it would without us.
+    Unbounded,
+}
+
+/// Where the request goes, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route<'a> {
+    /// A discovery request we answer from the merged documents once the local apiserver has
+    /// authorized it: it gets a plain JSON request for its own document.
+    MergedDiscovery,
+    /// What the routing table decided (steps 4-8).
+    Table(Decision<'a>),
+}
+
+/// What to do with a request, decided when its headers arrive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestPlan<'a> {
+    /// Send it on to an apiserver.
+    Forward(Forward<'a>),
+    /// A client certificate kube-apiserver's x509 authenticator would fail too: answer 401 and
+    /// forward nothing.
+    RefuseCertificate {
+        subject: Cow<'a, str>,
+        error: IdentityError,
+        reply: LocalReply,
+    },
+}
+
+/// A request to forward.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forward<'a> {
+    /// Envoy's `:method` and `:path` (lossy UTF-8), for logs.
+    pub method: Cow<'a, str>,
+    pub path: Cow<'a, str>,
+    /// Every header a client must not control (step 1), each name once, as the client sent it.
+    pub strip: Vec<&'a str>,
+    pub auth: Auth,
+    /// The Envoy cluster, with its [`UpstreamAuth`] suffix.
+    pub cluster: String,
+    pub class: RequestClass,
+    pub route: Route<'a>,
+    /// The counters this request increments now.
+    pub counters: Vec<Counter>,
+    /// What the response phase needs.
+    pub response: ResponsePlan,
+}
+
+impl Forward<'_> {
+    /// The request header changes, in the order to apply them. Envoy routes on
+    /// [`UPSTREAM_CLUSTER`], so the shell clears the route cache after applying them.
+    pub fn header_ops(&self) -> Vec<HeaderOp<'_>> {
+        let identity = match &self.auth {
+            Auth::ProxyIdentity(id) => Some(id),
+            Auth::Token | Auth::Anonymous => None,
+        };
+        let groups = identity.map_or(0, |id| id.groups.len());
+        let mut ops = Vec::with_capacity(self.strip.len() + groups + 6);
+        // Step 1: strip every header a client must not control, before anything else.
+        ops.extend(self.strip.iter().map(|name| HeaderOp::Remove(name)));
+        // Step 2: the identity. Every client copy is gone, so adding is setting.
+        if let Some(id) = identity {
+            ops.extend(
+                identity::remote_headers(id)
+                    .into_iter()
+                    .map(|(name, value)| HeaderOp::Add(name, Cow::Borrowed(value))),
+            );
+        }
+        match self.route {
+            // Step 3: the local apiserver answers its own document in plain JSON; we answer
+            // with the merged one if it authorized the request.
+            Route::MergedDiscovery => ops.extend([
+                HeaderOp::Set("accept", Cow::Borrowed("application/json")),
+                HeaderOp::Remove("if-none-match"),
+                HeaderOp::Remove("accept-encoding"),
+            ]),
+            Route::Table(Decision {
+                upstream: Upstream::Peer { .. },
+                ..
+            }) => {
+                // The loop guard: the peer apiserver must serve this itself, never re-proxy.
+                ops.push(HeaderOp::Set(PEER_PROXIED, Cow::Borrowed("true")));
+            }
+            Route::Table(_) => {}
+        }
+        if self.class == RequestClass::Short {
+            ops.push(HeaderOp::Set(REQUEST_CLASS, Cow::Borrowed(SHORT_REQUEST)));
+        }
+        ops.push(HeaderOp::Set(
+            UPSTREAM_CLUSTER,
+            Cow::Borrowed(self.cluster.as_str()),
+        ));
+        ops
+    }
+}
+
+/// The first value of a request header (Envoy gives names in lower case; the first value
+/// counts, as Go's `Header.Get`).
+fn first<'a, N: AsRef<str>, V: AsRef<[u8]>>(headers: &'a [(N, V)], name: &str) -> Option<&'a [u8]> {
+    headers
+        .iter()
+        .find(|(n, _)| n.as_ref() == name)
+        .map(|(_, v)| v.as_ref())
+}
+
+/// Decide everything about a request from its headers (names and raw values, as Envoy gives
+/// them), the subject of its verified client certificate (`connection.subject_peer_certificate`,
+/// empty or `None` without one), and the compiled configuration.
+pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
+    headers: &'a [(N, V)],
+    subject: Option<&'a [u8]>,
+    compiled: &'a CompiledConfig,
+) -> RequestPlan<'a> {
+    let strip = hygiene::forbidden_names(headers.iter().map(|(n, _)| n.as_ref()));
+    let method = String::from_utf8_lossy(first(headers, ":method").unwrap_or_default());
+    let path = String::from_utf8_lossy(first(headers, ":path").unwrap_or_default());
+
+    // Step 2: identity.
+    let auth = match subject {
+        Some(subject) if !subject.is_empty() => {
+            let subject = String::from_utf8_lossy(subject);
+            match identity::identity_from_subject(&subject) {
+                Ok(id) => Auth::ProxyIdentity(id),
+                Err(error) => {
+                    // kube-apiserver's x509 authenticator fails such a certificate too.
+                    let reply = LocalReply::failure(
+                        401,
+                        &format!("client certificate cannot be used to authenticate: {error}"),
+                    );
+                    return RequestPlan::RefuseCertificate {
+                        subject,
+                        error,
+                        reply,
+                    };
+                }
+            }
+        }
+        _ if first(headers, "authorization").is_some() => Auth::Token,
+        _ => Auth::Anonymous,
+    };
+    let upstream_auth = auth.upstream();
+
+    // Step 3: discovery. The local apiserver still authenticates and authorizes the request
+    // (anonymous users may not read /apis by default): it gets a plain request for its own
+    // document, and only an authorized answer is replaced by the merged one.
+    let mut counters = Vec::new();
+    if let Some(discovery) = &compiled.discovery {
+        let discovery_headers = DiscoveryHeaders {
+            accept: first(headers, "accept"),
+            if_none_match: first(headers, "if-none-match"),
+            accept_encoding: first(headers, "accept-encoding"),
+        };
+        let (choice, reason) = discovery.negotiate(&method, &path, discovery_headers);
+        match reason {
+            PassReason::NoPeer => counters.push(Counter::DiscoveryNoPeer),
+            PassReason::Local => counters.push(Counter::DiscoveryCacheMiss),
+            PassReason::NotDiscovery => {}
+        }
+        if let Some(choice) = choice {
+            return RequestPlan::Forward(Forward {
+                method,
+                path,
+                strip,
+                auth,
+                cluster: upstream_auth.cluster(LOCAL_CLUSTER),
+                class: RequestClass::Short,
+                route: Route::MergedDiscovery,
+                counters,
+                response: ResponsePlan {
+                    discovery: Some(choice),
+                    peer_target: None,
+                },
+            });
+        }
+    }
+
+    // Steps 4-8.
+    let (info, decision) = compiled.table.route(&method, &path);
+    let class = match &info {
+        Some(info) if !info.is_long_running() => RequestClass::Short,
+        _ => RequestClass::Unbounded,
+    };
+    let (base, peer_target) = match decision.upstream {
+        Upstream::Local => (LOCAL_CLUSTER, None),
+        Upstream::Peer { cluster } => {
+            counters.push(Counter::Rerouted);
+            (cluster, info.map(peer_target))
+        }
+    };
+    RequestPlan::Forward(Forward {
+        method,
+        path,
+        strip,
+        auth,
+        cluster: upstream_auth.cluster(base),
+        class,
+        route: Route::Table(decision),
+        counters,
+        response: ResponsePlan {
+            discovery: None,
+            peer_target,
+        },
+    })
+}
+
+/// What a peer-bound request asked for, as kube names it in messages
+/// (`resource.k8s.io/v1beta2, Resource=resourceclaims`).
+fn peer_target(info: RequestInfo) -> String {
+    let gv = if info.api_group.is_empty() {
+        info.api_version
+    } else {
+        format!("{}/{}", info.api_group, info.api_version)
+    };
+    let resource = if info.subresource.is_empty() {
+        info.resource
+    } else {
+        format!("{}/{}", info.resource, info.subresource)
+    };
+    format!("{gv}, Resource={resource}")
+}
+
+/// What the response phase needs of a forwarded request. The default is a local request with
+/// nothing pending.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResponsePlan {
+    /// A discovery request answered from the merged documents if the local apiserver lets the
+    /// client read discovery at all: the negotiated answer.
+    pub discovery: Option<DiscoveryChoice>,
+    /// What a peer-bound request asked for, for the 503 message; `None` when routed locally.
+    pub peer_target: Option<String>,
+}
+
+/// What replaces the response body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplacementBody {
+    /// The merged discovery document.
+    Discovery(DiscoveryChoice),
+    /// A `metav1.Status` document.
+    Status(String),
+}
+
+impl ReplacementBody {
+    /// The bytes to send (`compiled` is the configuration the request was planned with).
+    pub fn bytes<'s>(&'s self, compiled: &'s CompiledConfig) -> &'s [u8] {
+        match self {
+            ReplacementBody::Status(body) => body.as_bytes(),
+            ReplacementBody::Discovery(choice) => compiled
+                .discovery
+                .as_ref()
+                .and_then(|merged| merged.respond(*choice))
+                .map_or(&[][..], |response| response.body),
+        }
+    }
+}
+
+/// Why a response is replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplaceCause {
+    /// The local apiserver authorized a discovery request: the merged document answers it.
+    MergedDiscovery,
+    /// Envoy replied `envoy_code` itself; the client gets a Status with `code` (503 for a peer
+    /// that could not answer).
+    EnvoyReply { envoy_code: u16, code: u16 },
+}
+
+/// A response to replace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replacement<'a> {
+    pub cause: ReplaceCause,
+    /// The response header changes, in order.
+    pub headers: Vec<HeaderOp<'a>>,
+    pub body: ReplacementBody,
+    pub counter: Option<Counter>,
+}
+
+/// What to do with the response, decided when its headers arrive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResponseDecision<'a> {
+    Pass,
+    Replace(Replacement<'a>),
+}
+
+/// The `:status` of a response; 0 when absent or unreadable.
+pub fn status_code(status: Option<&[u8]>) -> u16 {
+    status
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u16>().ok())
+        .unwrap_or(0)
+}
+
+impl ResponsePlan {
+    /// Whether [`decide`](Self::decide) needs Envoy's `response.code_details` for a response
+    /// with this status (the shell reads it only then).
+    pub fn needs_details(&self, code: u16) -> bool {
+        code >= 400 && !self.answers_discovery(code)
+    }
+
+    /// The local apiserver authorized a discovery request we answer: 200, or 404 for a legacy
+    /// path it does not serve itself (kube authorizes before routing). 401, 403 and the rest:
+    /// the apiserver's own answer stands.
+    fn answers_discovery(&self, code: u16) -> bool {
+        self.discovery.is_some() && (code == 200 || code == 404)
+    }
+
+    /// Step 9: answer an authorized discovery request with the merged document, give Envoy's
+    /// own replies a Status body, and make an unreachable peer a 503. `details` is Envoy's
+    /// `response.code_details`, empty when not read.
+    pub fn decide<'c>(
+        &self,
+        compiled: &'c CompiledConfig,
+        code: u16,
+        details: &str,
+    ) -> ResponseDecision<'c> {
+        if let Some(replacement) = self.discovery_answer(compiled, code) {
+            return ResponseDecision::Replace(replacement);
+        }
+        if code < 400 {
+            return ResponseDecision::Pass;
+        }
+        let routed = match &self.peer_target {
+            Some(target) => RoutedTo::Peer { target },
+            None => RoutedTo::Local,
+        };
+        let Some(rewrite) = local_reply::rewrite(routed, code, details) else {
+            return ResponseDecision::Pass;
+        };
+        ResponseDecision::Replace(Replacement {
+            cause: ReplaceCause::EnvoyReply {
+                envoy_code: code,
+                code: rewrite.code,
+            },
+            headers: vec![
+                HeaderOp::Set(":status", Cow::Owned(rewrite.code.to_string())),
+                HeaderOp::Set("content-type", Cow::Borrowed(status::CONTENT_TYPE)),
+                HeaderOp::Remove("content-length"),
+            ],
+            body: ReplacementBody::Status(rewrite.body),
+            counter: self
+                .peer_target
+                .is_some()
+                .then_some(Counter::PeerProxyError),
+        })
+    }
+
+    /// The merged discovery answer, if the local apiserver authorized the request.
+    fn discovery_answer<'c>(
+        &self,
+        compiled: &'c CompiledConfig,
+        code: u16,
+    ) -> Option<Replacement<'c>> {
+        let choice = self.discovery?;
+        if !self.answers_discovery(code) {
+            return None;
+        }
+        let response = compiled.discovery.as_ref()?.respond(choice)?;
+        // kube-apiserver's headers for a discovery answer, over the local apiserver's.
+        let mut headers = vec![
+            HeaderOp::Set(":status", Cow::Owned(response.status.to_string())),
+            HeaderOp::Set("content-type", Cow::Borrowed(response.content_type)),
+            HeaderOp::Remove("content-length"),
+        ];
+        match response.etag {
+            Some(etag) => headers.extend([
+                // Aggregated discovery is cacheable and varies by Accept (v2, v2beta1, legacy).
+                HeaderOp::Set("etag", Cow::Borrowed(etag)),
+                HeaderOp::Set("vary", Cow::Borrowed("Accept")),
+                HeaderOp::Set("cache-control", Cow::Borrowed("public")),
+            ]),
+            None => headers.push(HeaderOp::Remove("etag")),
+        }
+        if response.gzip {
+            headers.extend([
+                HeaderOp::Set("content-encoding", Cow::Borrowed("gzip")),
+                HeaderOp::Add("vary", Cow::Borrowed("Accept-Encoding")),
+            ]);
+        } else {
+            headers.push(HeaderOp::Remove("content-encoding"));
+        }
+        Some(Replacement {
+            cause: ReplaceCause::MergedDiscovery,
+            headers,
+            body: ReplacementBody::Discovery(choice),
+            counter: Some(Counter::DiscoveryCacheHit),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SCHEMA_VERSION;
+    use crate::config::{DiscoveryConfig, GroupVersionRoutes, JsonDocument, ResourceRoute};
+    use crate::routing::Reason;
+    use std::collections::BTreeMap;
+
+    const CLAIM: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims/gpu";
+    const RESIZE: &str = "/api/v1/namespaces/default/pods/web/resize";
+    const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+    const APIS: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[]}"#;
+
+    fn compiled(discovery: bool) -> CompiledConfig {
+        let route = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
+            resource: resource.into(),
+            local,
+            peer_cluster: peer.map(str::to_string),
+        };
+        let gv = |group: &str, version: &str, resources| GroupVersionRoutes {
+            group: group.into(),
+            version: version.into(),
+            shared_storage: false,
+            resources,
+        };
+        CompiledConfig::compile(&FilterConfig {
+            schema: SCHEMA_VERSION,
+            local_apiserver: "apiserver-a".into(),
+            peer_clusters: BTreeMap::from([("p133".to_string(), vec!["b".to_string()])]),
+            group_versions: vec![
+                gv(
+                    "",
+                    "v1",
+                    vec![
+                        route("pods", true, None),
+                        route("pods/resize", false, Some("p133")),
+                    ],
+                ),
+                gv(
+                    "resource.k8s.io",
+                    "v1beta2",
+                    vec![route("resourceclaims", false, Some("p133"))],
+                ),
+            ],
+            discovery: discovery.then(|| DiscoveryConfig {
+                apis: JsonDocument::from_str(APIS).unwrap(),
+                apis_etag: "aaa".into(),
+                api: JsonDocument::from_str(APIS).unwrap(),
+                api_etag: "bbb".into(),
+                legacy: BTreeMap::new(),
+            }),
+        })
+    }
+
+    fn headers(method: &str, path: &str, extra: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
+        let mut h = vec![
+            (":method".to_string(), method.as_bytes().to_vec()),
+            (":path".to_string(), path.as_bytes().to_vec()),
+        ];
+        h.extend(extra.iter().map(|(n, v)| (n.to_string(), v.to_vec())));
+        h
+    }
+
+    fn forward(plan: RequestPlan<'_>) -> Forward<'_> {
+        match plan {
+            RequestPlan::Forward(f) => f,
+            other => panic!("not forwarded: {other:?}"),
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn plans_auth_cluster_class_and_route() {
+        let c = compiled(true);
+        let token: &[(&str, &[u8])] = &[("authorization", b"Bearer \xff")];
+        // (method, path, headers, subject, auth, cluster, class, peer target, counters)
+        type Case<'a> = (
+            &'a str,
+            &'a str,
+            &'a [(&'a str, &'a [u8])],
+            Option<&'a [u8]>,
+            UpstreamAuth,
+            &'a str,
+            RequestClass,
+            Option<&'a str>,
+            Vec<Counter>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "GET",
+                "/api/v1/pods",
+                token,
+                None,
+                UpstreamAuth::Token,
+                "skewgate-local-token",
+                RequestClass::Short,
+                None,
+                vec![],
+            ),
+            (
+                "GET",
+                CLAIM,
+                &[],
+                None,
+                UpstreamAuth::Anonymous,
+                "p133-anonymous",
+                RequestClass::Short,
+                Some("resource.k8s.io/v1beta2, Resource=resourceclaims"),
+                vec![Counter::Rerouted],
+            ),
+            (
+                "PATCH",
+                RESIZE,
+                token,
+                Some(b"CN=alice"),
+                UpstreamAuth::ProxyIdentity,
+                "p133-identity",
+                RequestClass::Short,
+                Some("v1, Resource=pods/resize"),
+                vec![Counter::Rerouted],
+            ),
+            (
+                "GET",
+                "/api/v1/pods?watch=1",
+                &[],
+                Some(b""),
+                UpstreamAuth::Anonymous,
+                "skewgate-local-anonymous",
+                RequestClass::Unbounded,
+                None,
+                vec![],
+            ),
+            // Unparseable: the local apiserver answers it, unbounded as without us.
+            (
+                "GET",
+                "/api/v1/namespaces/%zz/pods",
+                &[],
+                None,
+                UpstreamAuth::Anonymous,
+                "skewgate-local-anonymous",
+                RequestClass::Unbounded,
+                None,
+                vec![],
+            ),
+            (
+                "GET",
+                "/apis/apps",
+                &[],
+                None,
+                UpstreamAuth::Anonymous,
+                "skewgate-local-anonymous",
+                RequestClass::Short,
+                None,
+                vec![Counter::DiscoveryCacheMiss],
+            ),
+        ];
+        for (method, path, extra, subject, auth, cluster, class, target, counters) in cases {
+            let h = headers(method, path, extra);
+            let f = forward(plan_request(&h, subject, &c));
+            assert_eq!(f.auth.upstream(), auth, "{path}");
+            assert_eq!(f.cluster, cluster, "{path}");
+            assert_eq!(f.class, class, "{path}");
+            assert_eq!(f.response.peer_target.as_deref(), target, "{path}");
+            assert_eq!(f.response.discovery, None, "{path}");
+            assert_eq!(f.counters, counters, "{path}");
+            assert!(matches!(f.route, Route::Table(_)), "{path}");
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn header_ops_strip_first_then_identity_then_routing() {
+        let c = compiled(true);
+        let h = headers(
+            "GET",
+            CLAIM,
+            &[
+                ("X-Remote-User", b"mallory"),
+                ("x-skewgate-upstream-cluster", b"evil"),
+                ("x-kubernetes-peer-proxied", b"true"),
+                ("accept", b"application/json"),
+            ],
+        );
+        let f = forward(plan_request(&h, Some(b"O=b,O=a,CN=alice"), &c));
+        assert_eq!(
+            f.strip,
+            [
+                "X-Remote-User",
+                "x-skewgate-upstream-cluster",
+                "x-kubernetes-peer-proxied"
+            ]
+        );
+        assert_eq!(
+            f.route,
+            Route::Table(Decision {
+                upstream: Upstream::Peer { cluster: "p133" },
+                reason: Reason::ServedByPeer
+            })
+        );
+        let b = |s: &'static str| Cow::Borrowed(s);
+        assert_eq!(
+            f.header_ops(),
+            vec![
+                HeaderOp::Remove("X-Remote-User"),
+                HeaderOp::Remove("x-skewgate-upstream-cluster"),
+                HeaderOp::Remove("x-kubernetes-peer-proxied"),
+                HeaderOp::Add("x-remote-user", b("alice")),
+                HeaderOp::Add("x-remote-group", b("a")),
+                HeaderOp::Add("x-remote-group", b("b")),
+                HeaderOp::Set("x-kubernetes-peer-proxied", b("true")),
+                HeaderOp::Set("x-skewgate-request-class", b("short")),
+                HeaderOp::Set("x-skewgate-upstream-cluster", b("p133-identity")),
+            ]
+        );
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn an_unmappable_certificate_is_refused() {
+        let c = compiled(true);
+        let h = headers("GET", "/api/v1/pods", &[("authorization", b"Bearer x")]);
+        for subject in [&b"O=x"[..], b"CN=\xff", b"CN=a\\0Ab", b",,,"] {
+            match plan_request(&h, Some(subject), &c) {
+                RequestPlan::RefuseCertificate { reply, error, .. } => {
+                    assert_eq!(reply.code, 401);
+                    assert_eq!(reply.content_type, status::CONTENT_TYPE);
+                    assert!(reply.body.contains(&error.to_string()), "{}", reply.body);
+                }
+                other => panic!("{subject:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn discovery_is_negotiated_once_and_answered_from_the_choice() {
+        let c = compiled(true);
+        let h = headers(
+            "GET",
+            "/apis?timeout=32s",
+            &[
+                ("accept", V2.as_bytes()),
+                ("if-none-match", b"\"old\""),
+                ("accept-encoding", b"gzip"),
+                ("authorization", b"Bearer x"),
+            ],
+        );
+        let f = forward(plan_request(&h, None, &c));
+        assert_eq!(f.route, Route::MergedDiscovery);
+        assert_eq!(f.class, RequestClass::Short);
+        assert_eq!(f.cluster, "skewgate-local-token");
+        assert!(f.counters.is_empty());
+        assert!(f.response.peer_target.is_none());
+        assert!(f.response.discovery.is_some());
+        assert_eq!(
+            f.header_ops(),
+            vec![
+                HeaderOp::Set("accept", Cow::Borrowed("application/json")),
+                HeaderOp::Remove("if-none-match"),
+                HeaderOp::Remove("accept-encoding"),
+                HeaderOp::Set("x-skewgate-request-class", Cow::Borrowed("short")),
+                HeaderOp::Set(
+                    "x-skewgate-upstream-cluster",
+                    Cow::Borrowed("skewgate-local-token")
+                ),
+            ]
+        );
+        let plan = f.response;
+        // Only an authorized answer is replaced; code_details is needed for the others >= 400.
+        for (code, replaced, needs_details) in [
+            (200, true, false),
+            (404, true, false),
+            (304, false, false),
+            (401, false, true),
+            (403, false, true),
+            (503, false, true),
+        ] {
+            assert_eq!(plan.needs_details(code), needs_details, "{code}");
+            let decision = plan.decide(&c, code, "via_upstream");
+            match decision {
+                ResponseDecision::Replace(r) if replaced => {
+                    assert_eq!(r.cause, ReplaceCause::MergedDiscovery);
+                    assert_eq!(r.counter, Some(Counter::DiscoveryCacheHit));
+                    assert_eq!(r.body.bytes(&c), APIS.as_bytes());
+                    assert_eq!(
+                        r.headers,
+                        vec![
+                            HeaderOp::Set(":status", Cow::Owned("200".to_string())),
+                            HeaderOp::Set("content-type", Cow::Borrowed(V2)),
+                            HeaderOp::Remove("content-length"),
+                            HeaderOp::Set("etag", Cow::Borrowed("\"aaa\"")),
+                            HeaderOp::Set("vary", Cow::Borrowed("Accept")),
+                            HeaderOp::Set("cache-control", Cow::Borrowed("public")),
+                            HeaderOp::Remove("content-encoding"),
+                        ]
+                    );
+                }
+                ResponseDecision::Pass if !replaced => {}
+                other => panic!("{code}: {other:?}"),
+            }
+        }
+        // Without merged discovery configured, the same request is a miss, routed locally.
+        let without = compiled(false);
+        let f = forward(plan_request(&h, None, &without));
+        assert!(f.response.discovery.is_none());
+        assert!(matches!(f.route, Route::Table(_)));
+        // And a choice made on another configuration answers nothing rather than panicking.
+        let body = ReplacementBody::Discovery(plan.discovery.unwrap());
+        assert_eq!(body.bytes(&without), b"");
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn envoy_replies_become_status_and_a_dead_peer_503() {
+        let c = compiled(true);
+        let peer = ResponsePlan {
+            discovery: None,
+            peer_target: Some("g/v, Resource=r".into()),
+        };
+        let local = ResponsePlan::default();
+        assert!(peer.needs_details(503) && !peer.needs_details(200));
+        assert_eq!(peer.decide(&c, 200, ""), ResponseDecision::Pass);
+        assert_eq!(peer.decide(&c, 503, "via_upstream"), ResponseDecision::Pass);
+        assert_eq!(peer.decide(&c, 503, ""), ResponseDecision::Pass);
+        let ResponseDecision::Replace(r) = peer.decide(&c, 504, "upstream_response_timeout") else {
+            panic!("not replaced")
+        };
+        assert_eq!(
+            r.cause,
+            ReplaceCause::EnvoyReply {
+                envoy_code: 504,
+                code: 503
+            }
+        );
+        assert_eq!(r.counter, Some(Counter::PeerProxyError));
+        assert_eq!(
+            r.headers,
+            vec![
+                HeaderOp::Set(":status", Cow::Owned("503".to_string())),
+                HeaderOp::Set("content-type", Cow::Borrowed("application/json")),
+                HeaderOp::Remove("content-length"),
+            ]
+        );
+        let body = String::from_utf8(r.body.bytes(&c).to_vec()).unwrap();
+        assert!(body.contains("g/v, Resource=r did not answer"), "{body}");
+        let ResponseDecision::Replace(r) = local.decide(&c, 504, "upstream_response_timeout")
+        else {
+            panic!("not replaced")
+        };
+        assert_eq!(
+            r.cause,
+            ReplaceCause::EnvoyReply {
+                envoy_code: 504,
+                code: 504
+            }
+        );
+        assert_eq!(r.counter, None);
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn reads_status_codes() {
+        for (raw, code) in [
+            (Some(&b"200"[..]), 200),
+            (Some(b"503"), 503),
+            (Some(b"5\xff3"), 0),
+            (Some(b""), 0),
+            (Some(b"99999"), 0),
+            (None, 0),
+        ] {
+            assert_eq!(status_code(raw), code, "{raw:?}");
+        }
+        assert_eq!(LocalReply::host_failure().code, 503);
+    }
+}

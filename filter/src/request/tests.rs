@@ -1,0 +1,971 @@
+//! The shell's pipeline against a fake host that keeps the header maps and records every call.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::rc::Rc;
+use std::time::Duration;
+
+use proxy_wasm::types::{Action, Bytes, Status};
+use skewgate_core::config::{
+    DiscoveryConfig, FilterConfig, GroupVersionRoutes, JsonDocument, ResourceRoute, SCHEMA_VERSION,
+};
+use skewgate_core::plan::CompiledConfig;
+
+use super::{Request, Worker};
+use crate::host::{Headers, Host};
+use crate::metrics::Metrics;
+
+const RESOURCECLAIM: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims/gpu";
+const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments?limit=500";
+const WATCH_PODS: &str = "/api/v1/namespaces/default/pods?watch=true";
+const KUBECTL_ACCEPT: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json;q=0.9";
+const KUBECTL_ACCEPT_BYTES: &[u8] = KUBECTL_ACCEPT.as_bytes();
+const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+const APIS: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[{"metadata":{"name":"apps"}}]}"#;
+const API: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[]}"#;
+const GROUPS: &str = r#"{"kind":"APIGroupList","apiVersion":"v1","groups":[]}"#;
+const CONNECTION_FAILURE: &str =
+    "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}";
+
+const HITS: u32 = 1;
+const MISSES: u32 = 2;
+const NOPEER: u32 = 3;
+const REROUTED: u32 = 4;
+const PEER_ERRORS: u32 = 5;
+
+/// A 1.30 local apiserver with a 1.33 peer (cluster `p133`) and merged discovery.
+fn compiled() -> Rc<CompiledConfig> {
+    let resource = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
+        resource: resource.into(),
+        local,
+        peer_cluster: peer.map(str::to_string),
+    };
+    let gv = |group: &str, version: &str, resources| GroupVersionRoutes {
+        group: group.into(),
+        version: version.into(),
+        shared_storage: false,
+        resources,
+    };
+    let config = FilterConfig {
+        schema: SCHEMA_VERSION,
+        local_apiserver: "apiserver-a".into(),
+        peer_clusters: BTreeMap::from([("p133".to_string(), vec!["apiserver-b".to_string()])]),
+        group_versions: vec![
+            gv("", "v1", vec![resource("pods", true, None)]),
+            gv("apps", "v1", vec![resource("deployments", true, None)]),
+            gv(
+                "resource.k8s.io",
+                "v1beta2",
+                vec![resource("resourceclaims", false, Some("p133"))],
+            ),
+        ],
+        discovery: Some(DiscoveryConfig {
+            apis: JsonDocument::from_str(APIS).unwrap(),
+            apis_etag: "aaa".into(),
+            api: JsonDocument::from_str(API).unwrap(),
+            api_etag: "bbb".into(),
+            legacy: BTreeMap::from([(
+                "/apis/resource.k8s.io/v1beta2".to_string(),
+                JsonDocument::from_str(GROUPS).unwrap(),
+            )]),
+        }),
+    };
+    config.validate().unwrap();
+    Rc::new(CompiledConfig::compile(&config))
+}
+
+fn worker() -> Rc<Worker> {
+    Rc::new(Worker::new(Metrics {
+        discovery_cache_hits: Some(HITS),
+        discovery_cache_misses: Some(MISSES),
+        discovery_nopeer: Some(NOPEER),
+        rerouted: Some(REROUTED),
+        peer_proxy_errors: Some(PEER_ERRORS),
+    }))
+}
+
+/// A local reply: status, headers, body.
+type Sent = (u32, Vec<(String, String)>, String);
+
+/// Envoy, as far as one request sees it: header maps that the calls change, properties, a
+/// clock, and a record of every call.
+#[derive(Debug, Default)]
+struct FakeHost {
+    request: Vec<(String, Bytes)>,
+    response: Vec<(String, Bytes)>,
+    properties: HashMap<Vec<String>, Bytes>,
+    now: Duration,
+    /// Every call, as `name arguments`.
+    calls: Vec<String>,
+    metrics: BTreeMap<u32, u64>,
+    sent: Option<Sent>,
+    /// Each chunk's replacement.
+    bodies: Vec<Vec<u8>>,
+    logs: Vec<(log::Level, String)>,
+    /// A call (by name) that fails with `Status::InternalFailure`.
+    failing: Option<&'static str>,
+}
+
+impl FakeHost {
+    fn call(&mut self, name: &'static str, args: fmt::Arguments<'_>) -> Result<(), Status> {
+        self.calls.push(format!("{name} {args}"));
+        if self.failing == Some(name) {
+            return Err(Status::InternalFailure);
+        }
+        Ok(())
+    }
+
+    fn map(&mut self, map: Headers) -> &mut Vec<(String, Bytes)> {
+        match map {
+            Headers::Request => &mut self.request,
+            Headers::Response => &mut self.response,
+        }
+    }
+
+    /// Every value of a request header, as text.
+    fn values(&self, map: Headers, name: &str) -> Vec<String> {
+        let map = match map {
+            Headers::Request => &self.request,
+            Headers::Response => &self.response,
+        };
+        map.iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .collect()
+    }
+
+    fn count(&self, id: u32) -> u64 {
+        self.metrics.get(&id).copied().unwrap_or(0)
+    }
+
+    fn infos(&self) -> Vec<&str> {
+        self.logs
+            .iter()
+            .filter(|(level, _)| *level == log::Level::Info)
+            .map(|(_, line)| line.as_str())
+            .collect()
+    }
+}
+
+impl Host for FakeHost {
+    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, Status> {
+        self.call("request_headers", format_args!(""))?;
+        Ok(self.request.clone())
+    }
+
+    fn response_header(&mut self, name: &str) -> Result<Option<Bytes>, Status> {
+        self.call("response_header", format_args!("{name}"))?;
+        Ok(self
+            .response
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone()))
+    }
+
+    fn property(&mut self, path: &[&str]) -> Result<Option<Bytes>, Status> {
+        self.call("property", format_args!("{}", path.join(".")))?;
+        let key: Vec<String> = path.iter().map(|s| s.to_string()).collect();
+        Ok(self.properties.get(&key).cloned())
+    }
+
+    fn set_header(&mut self, map: Headers, name: &str, value: Option<&str>) -> Result<(), Status> {
+        self.call("set_header", format_args!("{map:?} {name} {value:?}"))?;
+        let headers = self.map(map);
+        headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        if let Some(value) = value {
+            headers.push((name.to_string(), value.as_bytes().to_vec()));
+        }
+        Ok(())
+    }
+
+    fn add_header(&mut self, map: Headers, name: &str, value: &str) -> Result<(), Status> {
+        self.call("add_header", format_args!("{map:?} {name} {value}"))?;
+        self.map(map)
+            .push((name.to_string(), value.as_bytes().to_vec()));
+        Ok(())
+    }
+
+    fn clear_route_cache(&mut self) -> Result<(), Status> {
+        self.call("clear_route_cache", format_args!(""))
+    }
+
+    fn send_response(
+        &mut self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), Status> {
+        self.call("send_response", format_args!("{status}"))?;
+        self.sent = Some((
+            status,
+            headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            String::from_utf8(body.to_vec()).unwrap(),
+        ));
+        Ok(())
+    }
+
+    fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), Status> {
+        self.call("replace_response_body", format_args!("{size}"))?;
+        self.bodies.push(body.to_vec());
+        Ok(())
+    }
+
+    fn increment_metric(&mut self, id: u32) -> Result<(), Status> {
+        self.call("increment_metric", format_args!("{id}"))?;
+        *self.metrics.entry(id).or_default() += 1;
+        Ok(())
+    }
+
+    fn now(&mut self) -> Result<Duration, Status> {
+        self.call("now", format_args!(""))?;
+        Ok(self.now)
+    }
+
+    fn log(&mut self, level: log::Level, message: fmt::Arguments<'_>) {
+        self.logs.push((level, message.to_string()));
+    }
+}
+
+/// A request as Envoy hands it over: pseudo-headers first, names in lower case.
+fn request_headers(method: &str, path: &[u8], extra: &[(&str, &[u8])]) -> Vec<(String, Bytes)> {
+    let mut headers = vec![
+        (":authority".to_string(), b"apiserver:6443".to_vec()),
+        (":path".to_string(), path.to_vec()),
+        (":method".to_string(), method.as_bytes().to_vec()),
+        (":scheme".to_string(), b"https".to_vec()),
+    ];
+    headers.extend(extra.iter().map(|(n, v)| (n.to_string(), v.to_vec())));
+    headers
+}
+
+fn request(host: FakeHost) -> Request<FakeHost> {
+    Request::new(host, compiled(), worker())
+}
+
+const TOKEN: (&str, &[u8]) = ("authorization", b"Bearer abc");
+const ADMIN: &[u8] = b"O=kubeadm:cluster-admins,CN=kubernetes-admin";
+
+/// One request-phase case.
+struct Case {
+    name: &'static str,
+    method: &'static str,
+    path: &'static [u8],
+    headers: &'static [(&'static str, &'static [u8])],
+    subject: Option<&'static [u8]>,
+    action: Action,
+    /// Request headers afterwards: every value of each name (an empty list: absent).
+    after: &'static [(&'static str, &'static [&'static str])],
+    /// Counters incremented.
+    counters: &'static [(u32, u64)],
+    /// The status of a local reply.
+    sent: Option<u32>,
+}
+
+#[test]
+fn request_headers_table() {
+    let spoofed: &[(&str, &[u8])] = &[
+        ("x-remote-user", b"system:admin"),
+        ("X-Remote-Group", b"system:masters"),
+        ("x-remote-extra-scopes", b"all"),
+        ("x-kubernetes-peer-proxied", b"true"),
+        ("X-Kubernetes-APIServer-Rerouted", b"true"),
+        ("x-skewgate-upstream-cluster", b"p133-identity"),
+        ("x-skewgate-request-class", b"short"),
+        ("impersonate-user", b"bob"),
+    ];
+    let spoofed: &'static [(&str, &[u8])] = Box::leak(spoofed.to_vec().into_boxed_slice());
+    let cases = [
+        Case {
+            name: "local GET with a token",
+            method: "GET",
+            path: DEPLOYMENTS.as_bytes(),
+            headers: &[TOKEN],
+            subject: None,
+            action: Action::Continue,
+            after: &[
+                ("x-skewgate-upstream-cluster", &["skewgate-local-token"]),
+                ("x-skewgate-request-class", &["short"]),
+                ("x-kubernetes-peer-proxied", &[]),
+                ("authorization", &["Bearer abc"]),
+            ],
+            counters: &[],
+            sent: None,
+        },
+        Case {
+            name: "peer GET: loop guard, peer cluster, rerouted",
+            method: "GET",
+            path: RESOURCECLAIM.as_bytes(),
+            headers: &[TOKEN],
+            subject: None,
+            action: Action::Continue,
+            after: &[
+                ("x-skewgate-upstream-cluster", &["p133-token"]),
+                ("x-skewgate-request-class", &["short"]),
+                ("x-kubernetes-peer-proxied", &["true"]),
+            ],
+            counters: &[(REROUTED, 1)],
+            sent: None,
+        },
+        Case {
+            name: "spoofed trust, loop-guard and routing headers are removed",
+            method: "GET",
+            path: WATCH_PODS.as_bytes(),
+            headers: spoofed,
+            subject: None,
+            action: Action::Continue,
+            after: &[
+                ("x-remote-user", &[]),
+                ("x-remote-group", &[]),
+                ("x-remote-extra-scopes", &[]),
+                ("x-kubernetes-peer-proxied", &[]),
+                ("x-kubernetes-apiserver-rerouted", &[]),
+                // A watch is unbounded: the spoofed class is gone and not set again.
+                ("x-skewgate-request-class", &[]),
+                ("x-skewgate-upstream-cluster", &["skewgate-local-anonymous"]),
+                ("impersonate-user", &["bob"]),
+            ],
+            counters: &[],
+            sent: None,
+        },
+        Case {
+            name: "certificate identity becomes X-Remote-User/Group, over spoofed ones and a token",
+            method: "GET",
+            path: RESOURCECLAIM.as_bytes(),
+            headers: &[
+                ("x-remote-user", b"mallory"),
+                ("x-remote-group", b"system:masters"),
+                TOKEN,
+            ],
+            subject: Some(b"O=b,O=a,CN=alice"),
+            action: Action::Continue,
+            after: &[
+                ("x-remote-user", &["alice"]),
+                ("x-remote-group", &["a", "b"]),
+                ("x-skewgate-upstream-cluster", &["p133-identity"]),
+                ("x-kubernetes-peer-proxied", &["true"]),
+            ],
+            counters: &[(REROUTED, 1)],
+            sent: None,
+        },
+        Case {
+            name: "kubeadm admin certificate",
+            method: "GET",
+            path: DEPLOYMENTS.as_bytes(),
+            headers: &[],
+            subject: Some(ADMIN),
+            action: Action::Continue,
+            after: &[
+                ("x-remote-user", &["kubernetes-admin"]),
+                ("x-remote-group", &["kubeadm:cluster-admins"]),
+                ("x-skewgate-upstream-cluster", &["skewgate-local-identity"]),
+            ],
+            counters: &[],
+            sent: None,
+        },
+        Case {
+            name: "an empty subject is no certificate",
+            method: "GET",
+            path: DEPLOYMENTS.as_bytes(),
+            headers: &[TOKEN],
+            subject: Some(b""),
+            action: Action::Continue,
+            after: &[
+                ("x-remote-user", &[]),
+                ("x-skewgate-upstream-cluster", &["skewgate-local-token"]),
+            ],
+            counters: &[],
+            sent: None,
+        },
+        Case {
+            name: "unmappable certificate: 401 here",
+            method: "GET",
+            path: DEPLOYMENTS.as_bytes(),
+            headers: &[TOKEN],
+            subject: Some(b"O=no-common-name"),
+            action: Action::Pause,
+            after: &[("x-skewgate-upstream-cluster", &[])],
+            counters: &[],
+            sent: Some(401),
+        },
+        Case {
+            name: "anonymous",
+            method: "GET",
+            path: DEPLOYMENTS.as_bytes(),
+            headers: &[],
+            subject: None,
+            action: Action::Continue,
+            after: &[
+                ("x-skewgate-upstream-cluster", &["skewgate-local-anonymous"]),
+                ("x-skewgate-request-class", &["short"]),
+            ],
+            counters: &[],
+            sent: None,
+        },
+        Case {
+            name: "discovery: a plain JSON request to the local apiserver, answered later",
+            method: "GET",
+            path: b"/apis",
+            headers: &[
+                ("accept", KUBECTL_ACCEPT_BYTES),
+                ("if-none-match", b"\"zzz\""),
+                ("accept-encoding", b"gzip"),
+                TOKEN,
+            ],
+            subject: None,
+            action: Action::Continue,
+            after: &[
+                ("accept", &["application/json"]),
+                ("if-none-match", &[]),
+                ("accept-encoding", &[]),
+                ("x-skewgate-upstream-cluster", &["skewgate-local-token"]),
+                ("x-skewgate-request-class", &["short"]),
+            ],
+            counters: &[],
+            sent: None,
+        },
+        Case {
+            name: "discovery with profile=nopeer goes to the local apiserver as sent",
+            method: "GET",
+            path: b"/apis",
+            headers: &[(
+                "accept",
+                b"application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer",
+            )],
+            subject: None,
+            action: Action::Continue,
+            after: &[
+                (
+                    "accept",
+                    &["application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer"],
+                ),
+                ("x-skewgate-upstream-cluster", &["skewgate-local-anonymous"]),
+            ],
+            counters: &[(NOPEER, 1)],
+            sent: None,
+        },
+        Case {
+            name: "discovery we cannot answer (protobuf only) counts a miss",
+            method: "GET",
+            path: b"/apis",
+            headers: &[(
+                "accept",
+                b"application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            )],
+            subject: None,
+            action: Action::Continue,
+            after: &[("x-skewgate-upstream-cluster", &["skewgate-local-anonymous"])],
+            counters: &[(MISSES, 1)],
+            sent: None,
+        },
+        Case {
+            name: "non-UTF-8 values: token, spoofed identity, path",
+            method: "GET",
+            path: b"/apis/apps/v1/namespaces/d\xffefault/deployments",
+            headers: &[
+                ("authorization", b"Bearer \xff\xfe"),
+                ("x-remote-user", b"\xc3\x28"),
+                ("user-agent", b"kubectl/\x80"),
+            ],
+            subject: None,
+            action: Action::Continue,
+            after: &[
+                ("x-remote-user", &[]),
+                ("x-skewgate-upstream-cluster", &["skewgate-local-token"]),
+                ("user-agent", &["kubectl/\u{fffd}"]),
+            ],
+            counters: &[],
+            sent: None,
+        },
+        Case {
+            name: "a non-UTF-8 certificate subject is refused",
+            method: "GET",
+            path: DEPLOYMENTS.as_bytes(),
+            headers: &[],
+            subject: Some(b"CN=\xff"),
+            action: Action::Pause,
+            after: &[("x-skewgate-upstream-cluster", &[])],
+            counters: &[],
+            sent: Some(401),
+        },
+    ];
+    for case in cases {
+        let mut host = FakeHost {
+            request: request_headers(case.method, case.path, case.headers),
+            ..FakeHost::default()
+        };
+        if let Some(subject) = case.subject {
+            host.properties.insert(
+                vec!["connection".into(), "subject_peer_certificate".into()],
+                subject.to_vec(),
+            );
+        }
+        let mut req = request(host);
+        assert_eq!(req.on_request_headers(), case.action, "{}", case.name);
+        let host = &req.host;
+        for (name, values) in case.after {
+            assert_eq!(
+                host.values(Headers::Request, name),
+                *values,
+                "{}: {name}",
+                case.name
+            );
+        }
+        assert_eq!(
+            host.metrics,
+            case.counters.iter().copied().collect::<BTreeMap<_, _>>(),
+            "{}: counters",
+            case.name
+        );
+        assert_eq!(
+            host.sent.as_ref().map(|(status, _, _)| *status),
+            case.sent,
+            "{}: local reply",
+            case.name
+        );
+        let cleared = host
+            .calls
+            .iter()
+            .filter(|c| c.starts_with("clear_route_cache"))
+            .count();
+        assert_eq!(
+            cleared,
+            usize::from(case.action == Action::Continue),
+            "{}: route cache",
+            case.name
+        );
+        // Nothing is ever forwarded with a header a client may not send, except what we set.
+        if case.action == Action::Continue {
+            for (name, _) in &host.request {
+                let ours = [
+                    "x-skewgate-upstream-cluster",
+                    "x-skewgate-request-class",
+                    "x-kubernetes-peer-proxied",
+                    "x-remote-user",
+                    "x-remote-group",
+                ];
+                assert!(
+                    !skewgate_core::hygiene::is_forbidden_request_header(name)
+                        || ours.contains(&name.as_str()),
+                    "{}: {name} passed",
+                    case.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn unmappable_certificate_gets_a_401_status() {
+    let mut host = FakeHost {
+        request: request_headers("GET", DEPLOYMENTS.as_bytes(), &[]),
+        ..FakeHost::default()
+    };
+    host.properties.insert(
+        vec!["connection".into(), "subject_peer_certificate".into()],
+        b"O=system:masters".to_vec(),
+    );
+    let mut req = request(host);
+    assert_eq!(req.on_request_headers(), Action::Pause);
+    let (status, headers, body) = req.host.sent.clone().unwrap();
+    assert_eq!(status, 401);
+    assert_eq!(
+        headers,
+        vec![("content-type".to_string(), "application/json".to_string())]
+    );
+    assert!(
+        body.starts_with(r#"{"kind":"Status","apiVersion":"v1","#),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#""reason":"Unauthorized","code":401}"#),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#""message":"client certificate cannot be used to authenticate: "#),
+        "{body}"
+    );
+    // Nothing was changed on a request that goes nowhere.
+    assert_eq!(
+        req.host.calls,
+        [
+            "request_headers ",
+            "property connection.subject_peer_certificate",
+            "send_response 401"
+        ]
+    );
+    assert_eq!(req.host.infos().len(), 1);
+}
+
+/// A plain GET costs what it did before the plan: read the headers and the certificate, set
+/// the class and the cluster, clear the route cache.
+#[test]
+fn a_plain_request_makes_five_host_calls() {
+    let host = FakeHost {
+        request: request_headers("GET", DEPLOYMENTS.as_bytes(), &[TOKEN]),
+        ..FakeHost::default()
+    };
+    let mut req = request(host);
+    assert_eq!(req.on_request_headers(), Action::Continue);
+    assert_eq!(
+        req.host.calls,
+        [
+            "request_headers ",
+            "property connection.subject_peer_certificate",
+            "set_header Request x-skewgate-request-class Some(\"short\")",
+            "set_header Request x-skewgate-upstream-cluster Some(\"skewgate-local-token\")",
+            "clear_route_cache ",
+        ]
+    );
+    // An apiserver's answer is read once and passes.
+    req.host.response = vec![(":status".into(), b"200".to_vec())];
+    assert_eq!(req.on_response_headers(false), Action::Continue);
+    assert_eq!(req.on_response_body(10), Action::Continue);
+    assert_eq!(req.host.calls.len(), 6);
+    assert!(req.host.bodies.is_empty());
+}
+
+#[test]
+fn a_failing_host_call_fails_closed_with_a_503() {
+    let host = FakeHost {
+        request: request_headers("GET", RESOURCECLAIM.as_bytes(), &[("x-remote-user", b"x")]),
+        failing: Some("clear_route_cache"),
+        ..FakeHost::default()
+    };
+    let mut req = request(host);
+    assert_eq!(req.on_request_headers(), Action::Pause);
+    let (status, _, body) = req.host.sent.clone().unwrap();
+    assert_eq!(status, 503);
+    assert!(body.contains("\"reason\":\"ServiceUnavailable\""), "{body}");
+    assert!(
+        body.contains("the proxy could not process the request"),
+        "{body}"
+    );
+    assert!(req
+        .host
+        .logs
+        .iter()
+        .any(|(level, line)| *level == log::Level::Error && line.contains("while routing")));
+}
+
+/// Plan a request, then feed it a response; returns the request for inspection.
+fn round_trip(
+    method: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+    response: &[(&str, &str)],
+    details: Option<&str>,
+    end_of_stream: bool,
+) -> Request<FakeHost> {
+    let mut host = FakeHost {
+        request: request_headers(method, path.as_bytes(), headers),
+        ..FakeHost::default()
+    };
+    if let Some(details) = details {
+        host.properties.insert(
+            vec!["response".into(), "code_details".into()],
+            details.as_bytes().to_vec(),
+        );
+    }
+    let mut req = request(host);
+    assert_eq!(req.on_request_headers(), Action::Continue);
+    req.host.response = response
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    assert_eq!(req.on_response_headers(end_of_stream), Action::Continue);
+    if !end_of_stream {
+        // The original body in three chunks.
+        for size in [100, 50, 7] {
+            assert_eq!(req.on_response_body(size), Action::Continue);
+        }
+    }
+    req
+}
+
+#[test]
+fn discovery_is_answered_from_the_merged_document_when_the_local_apiserver_allows_it() {
+    let local_answer = [
+        (":status", "200"),
+        ("content-type", "application/json"),
+        ("content-length", "1234"),
+        ("etag", "\"local\""),
+    ];
+    let req = round_trip(
+        "GET",
+        "/apis",
+        &[("accept", KUBECTL_ACCEPT.as_bytes()), TOKEN],
+        &local_answer,
+        None,
+        false,
+    );
+    let host = &req.host;
+    assert_eq!(host.values(Headers::Response, ":status"), ["200"]);
+    assert_eq!(host.values(Headers::Response, "content-type"), [V2]);
+    assert!(host.values(Headers::Response, "content-length").is_empty());
+    assert_eq!(host.values(Headers::Response, "etag"), ["\"aaa\""]);
+    assert_eq!(host.values(Headers::Response, "vary"), ["Accept"]);
+    assert_eq!(host.values(Headers::Response, "cache-control"), ["public"]);
+    assert!(host
+        .values(Headers::Response, "content-encoding")
+        .is_empty());
+    // The merged document replaces the first chunk; later chunks are dropped.
+    assert_eq!(
+        host.bodies,
+        [APIS.as_bytes().to_vec(), Vec::new(), Vec::new()]
+    );
+    assert_eq!(host.metrics, BTreeMap::from([(HITS, 1)]));
+    // code_details is not read for an answer we replace.
+    assert!(!host.calls.iter().any(|c| c.contains("code_details")));
+
+    // Revalidation with the merged ETag: 304, no body.
+    let req = round_trip(
+        "GET",
+        "/apis",
+        &[("accept", V2.as_bytes()), ("if-none-match", b"\"aaa\"")],
+        &local_answer,
+        None,
+        false,
+    );
+    assert_eq!(req.host.values(Headers::Response, ":status"), ["304"]);
+    assert_eq!(req.host.bodies, [Vec::<u8>::new(), Vec::new(), Vec::new()]);
+
+    // Legacy discovery of a group-version the local apiserver does not serve: its 404 is
+    // authorized, and the merged list answers.
+    let req = round_trip(
+        "GET",
+        "/apis/resource.k8s.io/v1beta2",
+        &[("accept", b"application/json, */*")],
+        &[(":status", "404"), ("content-type", "application/json")],
+        Some("via_upstream"),
+        false,
+    );
+    assert_eq!(req.host.values(Headers::Response, ":status"), ["200"]);
+    assert_eq!(
+        req.host.values(Headers::Response, "content-type"),
+        ["application/json"]
+    );
+    assert!(req.host.values(Headers::Response, "etag").is_empty());
+    assert_eq!(req.host.bodies[0], GROUPS.as_bytes());
+
+    // HEAD: the headers are replaced, and there is no body to replace.
+    let req = round_trip(
+        "HEAD",
+        "/apis",
+        &[("accept", V2.as_bytes())],
+        &local_answer,
+        None,
+        true,
+    );
+    assert_eq!(req.host.values(Headers::Response, "etag"), ["\"aaa\""]);
+    assert!(req.host.bodies.is_empty());
+}
+
+#[test]
+fn discovery_the_local_apiserver_refuses_keeps_its_answer() {
+    for (status, details) in [
+        ("401", "via_upstream"),
+        ("403", "via_upstream"),
+        ("500", "via_upstream"),
+    ] {
+        let req = round_trip(
+            "GET",
+            "/apis",
+            &[("accept", KUBECTL_ACCEPT.as_bytes())],
+            &[(":status", status), ("content-length", "99")],
+            Some(details),
+            false,
+        );
+        assert_eq!(req.host.values(Headers::Response, ":status"), [status]);
+        assert_eq!(req.host.values(Headers::Response, "content-length"), ["99"]);
+        assert!(req.host.bodies.is_empty(), "{status}");
+        assert!(req.host.metrics.is_empty(), "{status}");
+    }
+}
+
+#[test]
+fn envoy_replies_are_mapped_to_status() {
+    // (path, status, details, expected status or None = untouched, message part, peer error)
+    type Case<'a> = (&'a str, &'a str, &'a str, Option<&'a str>, &'a str, bool);
+    let cases: [Case; 6] = [
+        (
+            RESOURCECLAIM,
+            "503",
+            CONNECTION_FAILURE,
+            Some("503"),
+            "the peer apiserver serving resource.k8s.io/v1beta2, Resource=resourceclaims could not be reached",
+            true,
+        ),
+        (
+            RESOURCECLAIM,
+            "504",
+            "upstream_response_timeout",
+            Some("503"),
+            "resource.k8s.io/v1beta2, Resource=resourceclaims did not answer (upstream_response_timeout)",
+            true,
+        ),
+        (
+            RESOURCECLAIM,
+            "502",
+            "upstream_reset_before_response_started{connection_termination}",
+            Some("503"),
+            "did not answer",
+            true,
+        ),
+        // The peer itself answered 503: its answer stands.
+        (RESOURCECLAIM, "503", "via_upstream", None, "", false),
+        (
+            DEPLOYMENTS,
+            "503",
+            CONNECTION_FAILURE,
+            Some("503"),
+            "the apiserver could not be reached",
+            false,
+        ),
+        (
+            DEPLOYMENTS,
+            "431",
+            "request_headers_too_large",
+            Some("431"),
+            "rejected by the proxy (request_headers_too_large)",
+            false,
+        ),
+    ];
+    for (path, status, details, want, message, peer_error) in cases {
+        let req = round_trip(
+            "GET",
+            path,
+            &[TOKEN],
+            &[
+                (":status", status),
+                ("content-length", "91"),
+                ("content-type", "text/plain"),
+            ],
+            Some(details),
+            false,
+        );
+        let host = &req.host;
+        let name = format!("{path} {status} {details}");
+        match want {
+            None => {
+                assert_eq!(
+                    host.values(Headers::Response, ":status"),
+                    [status],
+                    "{name}"
+                );
+                assert_eq!(
+                    host.values(Headers::Response, "content-length"),
+                    ["91"],
+                    "{name}"
+                );
+                assert!(host.bodies.is_empty(), "{name}");
+                assert!(host.infos().is_empty(), "{name}");
+            }
+            Some(want) => {
+                assert_eq!(host.values(Headers::Response, ":status"), [want], "{name}");
+                assert_eq!(
+                    host.values(Headers::Response, "content-type"),
+                    ["application/json"],
+                    "{name}"
+                );
+                assert!(
+                    host.values(Headers::Response, "content-length").is_empty(),
+                    "{name}"
+                );
+                assert_eq!(host.bodies.len(), 3, "{name}");
+                assert!(
+                    host.bodies[1].is_empty() && host.bodies[2].is_empty(),
+                    "{name}"
+                );
+                let body = String::from_utf8(host.bodies[0].clone()).unwrap();
+                assert!(body.starts_with(r#"{"kind":"Status","#), "{name}: {body}");
+                assert!(
+                    body.ends_with(&format!(r#""code":{want}}}"#)),
+                    "{name}: {body}"
+                );
+                assert!(body.contains(message), "{name}: {body}");
+                assert_eq!(
+                    host.infos(),
+                    [format!(
+                        "skewgate: Envoy replied {status} ({details}); answering {want} with a Status"
+                    )],
+                    "{name}"
+                );
+            }
+        }
+        assert_eq!(
+            host.count(PEER_ERRORS),
+            u64::from(peer_error),
+            "{name}: peer errors"
+        );
+        let rerouted = u64::from(path == RESOURCECLAIM);
+        assert_eq!(host.count(REROUTED), rerouted, "{name}: rerouted");
+    }
+}
+
+#[test]
+fn a_response_without_status_details_passes() {
+    // No code_details: leave the reply alone rather than guess.
+    let req = round_trip(
+        "GET",
+        RESOURCECLAIM,
+        &[],
+        &[(":status", "503")],
+        None,
+        false,
+    );
+    assert!(req.host.bodies.is_empty());
+    assert_eq!(req.host.count(PEER_ERRORS), 0);
+    // An unreadable :status is no error either.
+    let req = round_trip(
+        "GET",
+        RESOURCECLAIM,
+        &[],
+        &[(":status", "5\u{fffd}3")],
+        Some(CONNECTION_FAILURE),
+        false,
+    );
+    assert!(req.host.bodies.is_empty());
+}
+
+/// A peer outage maps every peer-bound request: one info line per window and worker, then one
+/// with the count left out.
+#[test]
+fn mapped_replies_log_at_most_once_per_window() {
+    let compiled = compiled();
+    let worker = worker();
+    let mut lines = Vec::new();
+    let mut peer_errors = 0;
+    // 10 requests a second for 25 seconds.
+    for tenth in 0..250u64 {
+        let host = FakeHost {
+            request: request_headers("GET", RESOURCECLAIM.as_bytes(), &[TOKEN]),
+            now: Duration::from_secs(1_700_000_000) + Duration::from_millis(tenth * 100),
+            properties: HashMap::from([(
+                vec!["response".to_string(), "code_details".to_string()],
+                CONNECTION_FAILURE.as_bytes().to_vec(),
+            )]),
+            ..FakeHost::default()
+        };
+        let mut req = Request::new(host, Rc::clone(&compiled), Rc::clone(&worker));
+        assert_eq!(req.on_request_headers(), Action::Continue);
+        req.host.response = vec![(":status".into(), b"503".to_vec())];
+        req.on_response_headers(false);
+        assert_eq!(req.host.values(Headers::Response, ":status"), ["503"]);
+        peer_errors += req.host.count(PEER_ERRORS);
+        lines.extend(req.host.infos().into_iter().map(str::to_string));
+    }
+    assert_eq!(peer_errors, 250);
+    let line =
+        format!("skewgate: Envoy replied 503 ({CONNECTION_FAILURE}); answering 503 with a Status");
+    assert_eq!(
+        lines,
+        [
+            line.clone(),
+            format!("{line} (99 more such replies since the last line not logged)"),
+            format!("{line} (99 more such replies since the last line not logged)"),
+        ]
+    );
+}
