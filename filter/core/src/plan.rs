@@ -322,11 +322,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
 /// What a peer-bound request asked for, as kube names it in messages
 /// (`resource.k8s.io/v1beta2, Resource=resourceclaims`).
 fn peer_target(info: RequestInfo) -> String {
-    let gv = if info.api_group.is_empty() {
-        info.api_version
-    } else {
-        format!("{}/{}", info.api_group, info.api_version)
-    };
+    let gv = crate::group_version::GroupVersion::new(info.api_group, info.api_version);
     let resource = if info.subresource.is_empty() {
         info.resource
     } else {
