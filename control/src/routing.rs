@@ -129,6 +129,7 @@ pub fn build(
                     Some(name)
                 };
                 ResourceRoute {
+                    retained: false,
                     resource: key.to_owned(),
                     local: servers.local,
                     peer_cluster,
@@ -152,6 +153,7 @@ pub fn build(
         .collect();
     RoutingPlan {
         config: FilterConfig {
+            pending_peers: Vec::new(),
             schema: SCHEMA_VERSION,
             local_apiserver: local_id.to_owned(),
             peer_clusters,

@@ -116,6 +116,7 @@ pub fn discovery_config(
         })
     };
     Ok(DiscoveryConfig {
+        unavailable: Default::default(),
         apis_etag: merged_etag(apis.as_bytes()),
         api_etag: merged_etag(api.as_bytes()),
         apis: document(apis)?,

@@ -409,11 +409,13 @@ fn synthetic(real: &[u8], groups: usize) -> Result<Vec<u8>> {
             let kind = format!("Widget{r}");
             let plural = format!("widget{r}s");
             routes.push(ResourceRoute {
+                retained: false,
                 resource: plural.clone(),
                 local: true,
                 peer_cluster: None,
             });
             routes.push(ResourceRoute {
+                retained: false,
                 resource: format!("{plural}/status"),
                 local: true,
                 peer_cluster: None,

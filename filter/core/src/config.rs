@@ -43,6 +43,11 @@ pub struct FilterConfig {
     /// would be too large): discovery requests then go to the local apiserver.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discovery: Option<DiscoveryConfig>,
+    /// Live peers whose discovery is not known yet (first fetch pending or failing). While
+    /// any is listed, a resource request that no known apiserver serves is answered 503
+    /// (that peer may serve it), never passed to the local apiserver's 404.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_peers: Vec<String>,
 }
 
 /// The merged discovery documents the filter serves (see [`crate::discovery`]).
@@ -60,6 +65,11 @@ pub struct DiscoveryConfig {
     /// only where the union differs from what the local apiserver answers.
     #[serde(default)]
     pub legacy: BTreeMap<String, JsonDocument>,
+    /// Legacy group-version paths (`/apis/<g>/<v>`) of retained group-versions: no live
+    /// apiserver serves them now, a server that did is gone or not re-read yet. They answer
+    /// 503, so legacy clients mark the group failed instead of believing it empty or gone.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub unavailable: BTreeSet<String>,
 }
 
 /// A JSON document carried verbatim: validated as JSON when the configuration is parsed, but
@@ -115,6 +125,11 @@ pub struct ResourceRoute {
     /// A key of [`FilterConfig::peer_clusters`] whose peers serve it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer_cluster: Option<String>,
+    /// No live apiserver serves it, but one that did is gone or not re-read yet (within the
+    /// control plane's `--api-retention`): requests for it are answered 503 with
+    /// `Retry-After`, never the local 404. Exclusive with `local` and `peer_cluster`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub retained: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -271,13 +286,19 @@ impl FilterConfig {
                             gv.group, gv.version, r.resource
                         )));
                     }
-                    None if !r.local => {
+                    None if !r.local && !r.retained => {
                         return Err(ConfigError::Invalid(format!(
-                            "{}/{}/{}: served neither locally nor by a peer",
+                            "{}/{}/{}: served neither locally nor by a peer, nor retained",
                             gv.group, gv.version, r.resource
                         )));
                     }
                     _ => {}
+                }
+                if r.retained && (r.local || r.peer_cluster.is_some()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "{}/{}/{}: retained, yet served",
+                        gv.group, gv.version, r.resource
+                    )));
                 }
             }
         }
@@ -324,6 +345,17 @@ impl DiscoveryConfig {
                 )));
             }
         }
+        for path in &self.unavailable {
+            let segments: Vec<&str> = path.split('/').skip(1).collect();
+            let path_ok = path.starts_with('/')
+                && segments.iter().all(|s| valid_segment(s))
+                && matches!(segments.as_slice(), ["apis", _, _] | ["api", _]);
+            if !path_ok {
+                return Err(ConfigError::Invalid(format!(
+                    "{path:?} is not a legacy group-version path"
+                )));
+            }
+        }
         Ok(())
     }
 }
@@ -346,6 +378,7 @@ mod tests {
 
     fn sample() -> FilterConfig {
         FilterConfig {
+            pending_peers: Vec::new(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([(
@@ -357,6 +390,7 @@ mod tests {
                 version: "v1beta2".into(),
                 shared_storage: false,
                 resources: vec![ResourceRoute {
+                    retained: false,
                     resource: "resourceclaims".into(),
                     local: false,
                     peer_cluster: Some("skewgate-peers-b".into()),

@@ -354,6 +354,7 @@ mod tests {
 
     fn merged() -> MergedDiscovery {
         MergedDiscovery::compile(&DiscoveryConfig {
+            unavailable: Default::default(),
             apis: JsonDocument::from_str(APIS).unwrap(),
             apis_etag: "aaa".into(),
             api: JsonDocument::from_str(API).unwrap(),
@@ -563,6 +564,7 @@ mod tests {
         );
         assert!(big.len() > GZIP_THRESHOLD_BYTES);
         let m = MergedDiscovery::compile(&DiscoveryConfig {
+            unavailable: Default::default(),
             apis: JsonDocument::from_str(&big).unwrap(),
             apis_etag: "e".into(),
             api: JsonDocument::from_str(API).unwrap(),

@@ -511,6 +511,7 @@ mod tests {
 
     fn compiled(discovery: bool) -> CompiledConfig {
         let route = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
+            retained: false,
             resource: resource.into(),
             local,
             peer_cluster: peer.map(str::to_string),
@@ -522,6 +523,7 @@ mod tests {
             resources,
         };
         CompiledConfig::compile(&FilterConfig {
+            pending_peers: Vec::new(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([("p133".to_string(), vec!["b".to_string()])]),
@@ -541,6 +543,7 @@ mod tests {
                 ),
             ],
             discovery: discovery.then(|| DiscoveryConfig {
+                unavailable: Default::default(),
                 apis: JsonDocument::from_str(APIS).unwrap(),
                 apis_etag: "aaa".into(),
                 api: JsonDocument::from_str(APIS).unwrap(),

@@ -202,6 +202,7 @@ mod tests {
 
     fn route(resource: &str, local: bool, peer: Option<&str>) -> ResourceRoute {
         ResourceRoute {
+            retained: false,
             resource: resource.into(),
             local,
             peer_cluster: peer.map(str::to_string),
@@ -220,6 +221,7 @@ mod tests {
     /// A 1.30 local apiserver with a 1.33 peer (cluster "p133") and a second peer set.
     fn table() -> RoutingTable {
         let config = FilterConfig {
+            pending_peers: Vec::new(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([
