@@ -22,7 +22,7 @@ use serde::Deserialize;
 /// What the endpoints show.
 pub struct Health {
     /// `Ok` when ready; otherwise why not.
-    pub ready: Box<dyn Fn() -> Result<(), Vec<String>> + Send + Sync>,
+    pub ready: Box<dyn Fn() -> Result<Vec<String>, Vec<String>> + Send + Sync>,
     /// The Prometheus text exposition of every metric.
     pub metrics: Box<dyn Fn() -> String + Send + Sync>,
     /// The skew matrix (and apiserver status) as JSON; the flag asks for everything.
@@ -46,7 +46,15 @@ async fn ok() -> &'static str {
 
 async fn readyz(State(h): State<Arc<Health>>) -> Response {
     match (h.ready)() {
-        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Ok(notes) => {
+            let mut body = String::from("ok\n");
+            for n in notes {
+                body.push_str("- ");
+                body.push_str(&n);
+                body.push('\n');
+            }
+            (StatusCode::OK, body).into_response()
+        }
         Err(reasons) => {
             let mut body = String::from("not ready: no complete sync published yet\n");
             for r in reasons {
@@ -129,7 +137,7 @@ mod tests {
         let health = Arc::new(Health {
             ready: Box::new(move || {
                 if r.load(Ordering::Relaxed) {
-                    Ok(())
+                    Ok(vec!["peer apiserver-c: discovery not known yet".into()])
                 } else {
                     Err(vec!["peer apiserver-b has not been tried yet".into()])
                 }
@@ -143,7 +151,12 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("apiserver-b"), "{body}");
         ready.store(true, Ordering::Relaxed);
-        assert_eq!(get(&router, "/readyz").await.0, StatusCode::OK);
+        let (status, body, _) = get(&router, "/readyz").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            body.starts_with("ok\n") && body.contains("apiserver-c"),
+            "{body}"
+        );
         let (status, body, ct) = get(&router, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body, "skewgate_control_ready 0\n");

@@ -32,11 +32,21 @@ pub struct ApiserverView<'a> {
     pub documents: Option<&'a DiscoveryDocuments>,
 }
 
+/// A peer apiserver that is gone (or not re-read yet) within the API retention: its last good
+/// discovery.
+#[derive(Debug, Clone, Copy)]
+pub struct RetainedView<'a> {
+    pub id: &'a str,
+    pub documents: &'a DiscoveryDocuments,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct PlanInputs<'a> {
     pub local: ApiserverView<'a>,
     /// The live peers.
     pub peers: &'a [ApiserverView<'a>],
+    /// Peers whose APIs are retained (`crate::run::retention`); empty in the static mode.
+    pub retained: &'a [RetainedView<'a>],
     pub shared_storage: &'a BTreeSet<GroupVersion>,
     pub wasm_path: &'a Path,
     pub upstream_tls: Option<&'a UpstreamTls>,
@@ -74,6 +84,10 @@ pub struct Plan {
     pub merged: MergedOutcome,
     /// What each apiserver with a view serves: the local one first, then peers by id.
     pub served: Vec<(String, ServedApis)>,
+    /// What no live apiserver serves but retained ones did, by retained apiserver.
+    pub retained: Vec<(String, ServedApis)>,
+    /// Live peers whose discovery is not known: requests nobody known serves get 503.
+    pub pending: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -132,14 +146,58 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
             }),
         }
     }
+    // Retention: what retained apiservers served that no live one does. A group-version no live
+    // apiserver serves at all is marked Stale in merged discovery and its legacy document
+    // answers 503; a resource missing from a group-version that is live stays listed.
+    let mut live = ServedApis::new();
+    for (_, s) in &served {
+        live.merge(s.clone());
+    }
+    let mut retained_keys = ServedApis::new();
+    let mut retained = Vec::new();
+    let mut retained_docs = Vec::new();
+    let mut stale: BTreeSet<GroupVersion> = BTreeSet::new();
+    for r in inputs.retained {
+        if r.id == inputs.local.id || served.iter().any(|(id, _)| id == r.id) {
+            continue;
+        }
+        let Ok(their) = r.documents.served() else {
+            continue;
+        };
+        let missing = their.difference(&live);
+        if missing.is_empty() {
+            continue;
+        }
+        for (group, version) in missing.group_versions() {
+            if !live.serves_group_version(group, version) {
+                stale.insert(GroupVersion::new(group, version));
+            }
+        }
+        retained_docs.push((
+            r.id.to_string(),
+            r.documents.restricted_to(&missing, &stale),
+        ));
+        retained_keys.merge(missing.clone());
+        retained.push((r.id.to_string(), missing));
+    }
+    servers.extend(retained_docs.iter().map(|(id, d)| (id.clone(), d)));
+    let pending: Vec<String> = unrouted
+        .iter()
+        .filter(|u| u.id != inputs.local.id)
+        .map(|u| u.id.clone())
+        .collect();
+
     let mut routing = routing::build(
         &local_served,
         inputs.local.id,
         &routing_peers,
+        &retained_keys,
         inputs.shared_storage,
     );
+    routing.config.pending_peers = pending.clone();
     let merged = match payload::discovery_config(inputs.local.id, &servers) {
-        Ok(discovery) => {
+        Ok(mut discovery) => {
+            discovery.unavailable = stale.iter().map(GroupVersion::api_path).collect();
             let bytes = discovery.apis.get().len()
                 + discovery.api.get().len()
                 + discovery
@@ -178,5 +236,148 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         unrouted,
         merged,
         served,
+        retained,
+        pending,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::APIGroupDiscoveryList;
+    use crate::test_fixtures::documents;
+
+    fn addr(s: &str) -> Address {
+        Address::parse(s).expect("address")
+    }
+
+    /// Local 1.30 with the given live peers and retained servers.
+    fn plan_with(peers: &[ApiserverView<'_>], retained: &[RetainedView<'_>]) -> Plan {
+        let local_docs = documents("k8s-1.30");
+        let local = addr("127.0.0.1:6443");
+        plan(&PlanInputs {
+            local: ApiserverView {
+                id: "apiserver-a",
+                address: &local,
+                documents: Some(&local_docs),
+            },
+            peers,
+            retained,
+            shared_storage: &BTreeSet::new(),
+            wasm_path: Path::new("/opt/skewgate.wasm"),
+            upstream_tls: None,
+        })
+        .expect("plans")
+    }
+
+    fn route<'a>(p: &'a Plan, g: &str, v: &str, r: &str) -> Option<&'a ResourceRoute> {
+        p.routing
+            .config
+            .group_versions
+            .iter()
+            .find(|x| x.group == g && x.version == v)?
+            .resources
+            .iter()
+            .find(|x| x.resource == r)
+    }
+
+    /// `(group, version, freshness)` of the merged `/apis`.
+    fn merged(p: &Plan) -> Vec<(String, String, Option<String>)> {
+        let d = p.routing.config.discovery.as_ref().expect("merged");
+        let list: APIGroupDiscoveryList = serde_json::from_str(d.apis.get()).expect("json");
+        list.items
+            .iter()
+            .flat_map(|g| {
+                g.versions.iter().map(|v| {
+                    (
+                        g.metadata.name.clone(),
+                        v.version.clone(),
+                        v.freshness.clone(),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    use skewgate_core::config::ResourceRoute;
+
+    #[test]
+    fn what_only_a_retained_server_served_stays_stale_and_unavailable() {
+        let b_docs = documents("k8s-1.33");
+        let gone = [RetainedView {
+            id: "apiserver-b",
+            documents: &b_docs,
+        }];
+        let p = plan_with(&[], &gone);
+        // Routing: retained, never local, never a peer.
+        let claims = route(&p, "resource.k8s.io", "v1beta2", "resourceclaims").expect("listed");
+        assert!(claims.retained && !claims.local && claims.peer_cluster.is_none());
+        // A subresource only 1.33 has under a resource 1.30 serves: retained, the parent local.
+        let resize = route(&p, "", "v1", "pods/resize").expect("listed");
+        assert!(resize.retained);
+        assert!(route(&p, "", "v1", "pods").expect("pods").local);
+        // Discovery: the group-version nobody live serves is Stale; what the local serves is not.
+        let m = merged(&p);
+        assert!(m.contains(&(
+            "resource.k8s.io".into(),
+            "v1beta2".into(),
+            Some("Stale".into())
+        )));
+        assert!(m
+            .iter()
+            .any(|(g, v, f)| g == "apps" && v == "v1" && f.as_deref() != Some("Stale")));
+        let discovery = p.routing.config.discovery.as_ref().expect("merged");
+        assert!(discovery
+            .unavailable
+            .contains("/apis/resource.k8s.io/v1beta2"));
+        assert!(!discovery.unavailable.contains("/apis/apps/v1"));
+        assert_eq!(p.retained.len(), 1);
+        p.routing.config.validate().expect("valid");
+
+        // The same server live again: served by it, nothing retained, nothing Stale.
+        let b_addr = addr("10.0.0.2:6443");
+        let live = [ApiserverView {
+            id: "apiserver-b",
+            address: &b_addr,
+            documents: Some(&b_docs),
+        }];
+        let p = plan_with(&live, &gone);
+        let claims = route(&p, "resource.k8s.io", "v1beta2", "resourceclaims").expect("listed");
+        assert!(!claims.retained && claims.peer_cluster.is_some());
+        assert!(merged(&p)
+            .iter()
+            .all(|(_, _, f)| f.as_deref() != Some("Stale")));
+        assert!(p.retained.is_empty());
+
+        // Without retention the group-version is simply gone (the old behaviour).
+        let p = plan_with(&[], &[]);
+        assert!(route(&p, "resource.k8s.io", "v1beta2", "resourceclaims").is_none());
+        assert!(!merged(&p)
+            .iter()
+            .any(|(g, v, _)| g == "resource.k8s.io" && v == "v1beta2"));
+    }
+
+    #[test]
+    fn a_live_peer_without_discovery_is_pending() {
+        let b_addr = addr("10.0.0.2:6443");
+        let unknown = [ApiserverView {
+            id: "apiserver-b",
+            address: &b_addr,
+            documents: None,
+        }];
+        let p = plan_with(&unknown, &[]);
+        assert_eq!(p.pending, ["apiserver-b"]);
+        assert_eq!(p.routing.config.pending_peers, ["apiserver-b"]);
+        // Known again: nothing pending.
+        let b_docs = documents("k8s-1.33");
+        let known = [ApiserverView {
+            documents: Some(&b_docs),
+            ..unknown[0]
+        }];
+        assert!(plan_with(&known, &[])
+            .routing
+            .config
+            .pending_peers
+            .is_empty());
+    }
 }

@@ -64,6 +64,8 @@ pub fn peer_cluster_name<S: AsRef<str>>(peer_ids: &[S]) -> String {
 struct Servers<'a> {
     local: bool,
     peers: BTreeSet<&'a str>,
+    /// Only a retained apiserver (gone, within the retention) served it.
+    retained: bool,
 }
 
 /// Compute the routing plan.
@@ -71,6 +73,8 @@ struct Servers<'a> {
 /// - `local`, `local_id`: the apiserver this Envoy fronts.
 /// - `peers`: the live peers only. A peer whose id equals `local_id` is ignored (we never route
 ///   to ourselves as a peer); two entries with the same id are merged.
+/// - `retained`: keys retained apiservers served; those no live apiserver serves are emitted
+///   `retained` (the filter answers 503 for them, never the local 404).
 /// - `shared_storage`: (group, version) pairs served from shared storage (CRDs, APIServices):
 ///   emitted with `shared_storage: true` and no resources, so the filter always keeps them
 ///   local. Pairs nobody serves are not emitted (the filter keeps unknown group-versions local
@@ -82,6 +86,7 @@ pub fn build(
     local: &ServedApis,
     local_id: &str,
     peers: &[Peer],
+    retained: &ServedApis,
     shared_storage: &BTreeSet<GroupVersion>,
 ) -> RoutingPlan {
     // (group, version) -> key -> who serves it.
@@ -101,6 +106,14 @@ pub fn build(
                     .peers
                     .insert(peer.id.as_str());
             }
+        }
+    }
+
+    for (group, version, keys) in retained.iter() {
+        let gv = table.entry((group, version)).or_default();
+        for key in keys {
+            let servers = gv.entry(key.as_str()).or_default();
+            servers.retained = !servers.local && servers.peers.is_empty();
         }
     }
 
@@ -129,7 +142,7 @@ pub fn build(
                     Some(name)
                 };
                 ResourceRoute {
-                    retained: false,
+                    retained: servers.retained,
                     resource: key.to_owned(),
                     local: servers.local,
                     peer_cluster,
@@ -292,6 +305,7 @@ mod tests {
             &load(K130),
             "local-130",
             &[peer("peer-133", load(K133))],
+            &ServedApis::new(),
             &BTreeSet::new(),
         );
         check_invariants(&plan);
@@ -352,6 +366,7 @@ mod tests {
             &load(K133),
             "local-133",
             &[peer("a", load(K130))],
+            &ServedApis::new(),
             &BTreeSet::new(),
         );
         check_invariants(&plan);
@@ -381,7 +396,13 @@ mod tests {
             ),
             peer("c", synthetic(&[("y.io", "v1", "gadgets")])),
         ];
-        let plan = build(&local, "local", &peers, &BTreeSet::new());
+        let plan = build(
+            &local,
+            "local",
+            &peers,
+            &ServedApis::new(),
+            &BTreeSet::new(),
+        );
         check_invariants(&plan);
         let cases = [
             ("apps/v1/deployments", To::Local),
@@ -397,7 +418,16 @@ mod tests {
         // Stable: independent of peer order, and pinned for a known set.
         let mut reversed = peers.to_vec();
         reversed.reverse();
-        assert_eq!(build(&local, "local", &reversed, &BTreeSet::new()), plan);
+        assert_eq!(
+            build(
+                &local,
+                "local",
+                &reversed,
+                &ServedApis::new(),
+                &BTreeSet::new()
+            ),
+            plan
+        );
         assert_eq!(
             peer_cluster_name(&["b", "a"]),
             peer_cluster_name(&["a", "b"])
@@ -426,7 +456,7 @@ mod tests {
             GroupVersion::new("gone.io", "v1"),
         ]
         .into();
-        let plan = build(&local, "local", &peers, &shared);
+        let plan = build(&local, "local", &peers, &ServedApis::new(), &shared);
         check_invariants(&plan);
         let gvs: Vec<_> = plan
             .config
@@ -457,7 +487,7 @@ mod tests {
     fn edge_cases() {
         let local = synthetic(&[("", "v1", "pods")]);
         // No peers: everything local, no clusters.
-        let plan = build(&local, "local", &[], &BTreeSet::new());
+        let plan = build(&local, "local", &[], &ServedApis::new(), &BTreeSet::new());
         check_invariants(&plan);
         assert!(plan.clusters.is_empty());
         assert_eq!(to(&plan, "/v1/pods"), To::Local);
@@ -468,7 +498,13 @@ mod tests {
             peer("a", synthetic(&[("", "v1", "pods/resize")])),
             peer("a", synthetic(&[("", "v1", "pods/ephemeralcontainers")])),
         ];
-        let plan = build(&local, "local", &peers, &BTreeSet::new());
+        let plan = build(
+            &local,
+            "local",
+            &peers,
+            &ServedApis::new(),
+            &BTreeSet::new(),
+        );
         check_invariants(&plan);
         assert_eq!(to(&plan, "/v1/pods/resize"), peers_of(&["a"]));
         assert_eq!(to(&plan, "/v1/pods/ephemeralcontainers"), peers_of(&["a"]));
@@ -479,7 +515,13 @@ mod tests {
         empty_gv
             .add_group_version("metrics.k8s.io", "v1beta1")
             .expect("valid");
-        let plan = build(&empty_gv, "local", &[], &BTreeSet::new());
+        let plan = build(
+            &empty_gv,
+            "local",
+            &[],
+            &ServedApis::new(),
+            &BTreeSet::new(),
+        );
         check_invariants(&plan);
         assert_eq!(plan.config.group_versions.len(), 1);
     }

@@ -71,6 +71,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
     let planned = plan(&PlanInputs {
         local: config.local,
         peers: config.peers,
+        retained: &[],
         shared_storage: config.shared_storage,
         wasm_path: config.wasm_path,
         upstream_tls: config.upstream_tls,

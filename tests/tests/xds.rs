@@ -152,6 +152,7 @@ fn plan(local: &SimApiserver, peers: &[&SimApiserver]) -> Result<RoutingPlan> {
         &local.id,
         &peers,
         &Default::default(),
+        &Default::default(),
     ))
 }
 

@@ -7,6 +7,7 @@
 //! invented; the filter serves a derived legacy document only where the union differs from
 //! what the local apiserver answers, so the local apiserver's own documents are used otherwise.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use skewgate_core::group_version::GroupVersion;
@@ -68,6 +69,37 @@ impl DiscoveryDocuments {
             });
         }
         Ok(DiscoveryDocuments { apis, api })
+    }
+
+    /// Only the resources (and subresources) `keep` lists, in this apiserver's own order and
+    /// with its own fields; a group-version in `stale` is marked `freshness: Stale`. What a
+    /// retained apiserver contributes to merged discovery.
+    pub fn restricted_to(&self, keep: &ServedApis, stale: &BTreeSet<GroupVersion>) -> Self {
+        let restrict = |list: &APIGroupDiscoveryList| {
+            let mut list = list.clone();
+            for group in &mut list.items {
+                let name = group.metadata.name.clone();
+                for version in &mut group.versions {
+                    let v = version.version.clone();
+                    version.resources.retain_mut(|r| {
+                        r.subresources.retain(|s| {
+                            keep.serves(&name, &v, &format!("{}/{}", r.resource, s.subresource))
+                        });
+                        keep.serves(&name, &v, &r.resource) || !r.subresources.is_empty()
+                    });
+                    if stale.contains(&GroupVersion::new(name.as_str(), v.as_str())) {
+                        version.freshness = Some("Stale".to_string());
+                    }
+                }
+                group.versions.retain(|v| !v.resources.is_empty());
+            }
+            list.items.retain(|g| !g.versions.is_empty());
+            list
+        };
+        DiscoveryDocuments {
+            apis: restrict(&self.apis),
+            api: restrict(&self.api),
+        }
     }
 
     /// The model routing works on.

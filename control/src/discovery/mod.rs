@@ -576,6 +576,25 @@ impl ServedApis {
         }
     }
 
+    /// What `self` serves that `other` does not: keys, with their group-versions.
+    pub fn difference(&self, other: &ServedApis) -> ServedApis {
+        let mut out = ServedApis::new();
+        for (group, version, keys) in self.iter() {
+            let missing: BTreeSet<String> = keys
+                .iter()
+                .filter(|k| !other.serves(group, version, k))
+                .cloned()
+                .collect();
+            if !missing.is_empty() {
+                out.groups
+                    .entry(group.to_owned())
+                    .or_default()
+                    .insert(version.to_owned(), missing);
+            }
+        }
+        out
+    }
+
     /// Read a fixture-style folder: `aggregated_v2.json` (the `/apis` aggregated document), plus
     /// the core group from `api_aggregated.json` (the `/api` aggregated document) or, when that is
     /// absent, `api__v1.json` (legacy core v1). Each file is optional; a folder with none of them

@@ -399,6 +399,7 @@ mod tests {
                     served: served(c),
                 },
             ],
+            &Default::default(),
             &BTreeSet::new(),
         )
     }

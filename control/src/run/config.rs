@@ -79,6 +79,16 @@ pub struct RunArgs {
     /// Per discovery request.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub discovery_timeout: Duration,
+    /// How long the APIs of a peer apiserver that left stay in merged discovery (marked Stale
+    /// where no live apiserver serves the group-version) and answer 503 instead of the local
+    /// 404. It ends earlier when the apiserver is back with fresh discovery. 0 disables it.
+    #[arg(long, default_value = "15m", value_parser = parse_duration, value_name = "DURATION")]
+    pub api_retention: Duration,
+    /// A directory of this control plane's own (mode 0700) where every peer's last good
+    /// discovery is kept, so the API retention survives a restart. Without it the retention
+    /// starts empty after a restart.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
@@ -100,6 +110,8 @@ pub struct RunConfig {
     pub initial_sync_timeout: Duration,
     pub discovery_refresh_interval: Duration,
     pub discovery_timeout: Duration,
+    pub api_retention: Duration,
+    pub state_dir: Option<PathBuf>,
 }
 
 impl RunConfig {
@@ -187,6 +199,8 @@ impl RunArgs {
             initial_sync_timeout: self.initial_sync_timeout,
             discovery_refresh_interval: self.discovery_refresh_interval,
             discovery_timeout: self.discovery_timeout,
+            api_retention: self.api_retention,
+            state_dir: self.state_dir.clone(),
         })
     }
 }

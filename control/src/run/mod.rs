@@ -20,7 +20,9 @@
 pub mod cli;
 pub mod config;
 pub mod orchestrator;
+pub mod retention;
 pub mod state;
+pub mod state_dir;
 pub mod status;
 
 pub use cli::BootstrapArgs;

@@ -32,13 +32,24 @@ use crate::shared_storage::SharedStorage;
 use crate::xds::Snapshot;
 
 use super::config::RunConfig;
+use super::retention::{Changes, Retention};
 use super::state::{first_sync_gate, peer_urls, reconcile, Gate, Progress, SyncView};
+use super::state_dir::StateDir;
+use super::status::RetainedStatus;
 use super::status::{ApiserverStatus, AppMetrics, ExcludedLease, Status, View};
-use crate::plan::{plan, ApiserverView, MergedOutcome, Plan, PlanError, PlanInputs, Unrouted};
+use crate::plan::{
+    plan, ApiserverView, MergedOutcome, Plan, PlanError, PlanInputs, RetainedView, Unrouted,
+};
 
 /// How long after a change the snapshot is recomputed: a burst of changes (a peer's lease and
 /// then its discovery, several peers restarting) becomes one push.
 pub const DEBOUNCE: Duration = Duration::from_millis(150);
+
+/// How often the local apiserver's discovery is revalidated (a conditional request on loopback,
+/// answered 304 while nothing changed), and the longest wait between attempts while it fails.
+/// A restart of the local apiserver on another version is seen within about this long, instead
+/// of when its identity Lease shows a new holder (which goes through that same apiserver).
+pub const LOCAL_REFRESH: Duration = Duration::from_secs(1);
 
 /// A running discovery watch and the task that wakes the orchestrator when it changes.
 struct Running {
@@ -107,6 +118,8 @@ struct Fingerprint {
         Option<Arc<DiscoveryDocuments>>,
     )>,
     shared: BTreeSet<GroupVersion>,
+    /// Retained apiservers and when each left.
+    retained: Vec<(String, SystemTime)>,
 }
 
 fn same_docs(a: &Option<Arc<DiscoveryDocuments>>, b: &Option<Arc<DiscoveryDocuments>>) -> bool {
@@ -122,6 +135,7 @@ impl PartialEq for Fingerprint {
         self.local_id == other.local_id
             && same_docs(&self.local, &other.local)
             && self.shared == other.shared
+            && self.retained == other.retained
             && self.peers.len() == other.peers.len()
             && self
                 .peers
@@ -143,6 +157,8 @@ pub struct Orchestrator {
     template: ClientTemplate,
     fetch: FetchConfig,
     refresh: RefreshConfig,
+    retention: Retention,
+    state_dir: Option<StateDir>,
     shared: Shared,
     publisher: watch::Sender<Option<Arc<Snapshot>>>,
     wake: Arc<Notify>,
@@ -179,13 +195,40 @@ impl Orchestrator {
                     .min(Duration::from_secs(30)),
             },
         };
+        let local_refresh = RefreshConfig {
+            interval: LOCAL_REFRESH.min(config.discovery_refresh_interval),
+            backoff: Backoff {
+                initial: Duration::from_millis(250),
+                max: LOCAL_REFRESH,
+            },
+        };
+        let (retention, state_dir) = match &config.state_dir {
+            Some(dir) => {
+                let state = StateDir::open(dir)?;
+                let (entries, problems) = state.load();
+                for p in problems {
+                    warn!(problem = %p, "ignoring an unreadable file in the state directory");
+                }
+                if !entries.is_empty() {
+                    info!(
+                        apiservers = entries.len(),
+                        "restored the last good discovery of peers from the state directory"
+                    );
+                }
+                (
+                    Retention::restore(config.api_retention, entries),
+                    Some(state),
+                )
+            }
+            None => (Retention::new(config.api_retention), None),
+        };
         let wake = Arc::new(Notify::new());
         let local = Running::start(
             "local",
             &config.local.url,
             &template,
             &fetch,
-            refresh,
+            local_refresh,
             &shared.discovery_metrics,
             &wake,
         )?;
@@ -195,6 +238,8 @@ impl Orchestrator {
             template,
             fetch,
             refresh,
+            retention,
+            state_dir,
             shared,
             publisher,
             wake,
@@ -231,6 +276,7 @@ impl Orchestrator {
                 break;
             }
             let waiting_for_deadline = self.published_version.is_none() && !deadline_passed;
+            let next_expiry = self.retention.next_expiry(SystemTime::now());
             let debounce = async {
                 match due {
                     Some(d) => tokio::time::sleep_until(d).await,
@@ -262,6 +308,9 @@ impl Orchestrator {
                     changed = true;
                 }
                 _ = wake.notified() => changed = true,
+                _ = tokio::time::sleep(next_expiry.unwrap_or_default()), if next_expiry.is_some() => {
+                    changed = true;
+                }
                 _ = tokio::time::sleep_until(deadline), if waiting_for_deadline => {
                     deadline_passed = true;
                     changed = true;
@@ -391,6 +440,7 @@ impl Orchestrator {
         {
             return;
         }
+        self.update_retention(set);
         let fingerprint = self.fingerprint(set, storage);
         if self.fingerprint.as_ref() == Some(&fingerprint) {
             self.report_status(set, Some(&self.routed));
@@ -407,6 +457,10 @@ impl Orchestrator {
             }
         };
         let merged_note = self.report_plan(set, &planned);
+        let retained_status = self.retained_status(&planned);
+        self.shared
+            .app_metrics
+            .fail_safe(retained_status.clone(), planned.pending.len());
         let version = self.publish(&planned, &local_id, &merged_note);
         self.fingerprint = Some(fingerprint);
         self.routed = planned.routed.clone();
@@ -419,7 +473,42 @@ impl Orchestrator {
             shared_storage: storage.group_versions.clone(),
             unrouted: planned.unrouted,
             merged_discovery: merged_note,
+            retained: retained_status,
+            pending: planned.pending,
         });
+    }
+
+    fn retained_status(&self, planned: &Plan) -> Vec<RetainedStatus> {
+        let unix = |t: SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default()
+        };
+        let times: BTreeMap<&str, (SystemTime, SystemTime)> = self
+            .retention
+            .retained()
+            .iter()
+            .map(|r| (r.id, (r.left_at, r.expires_at)))
+            .collect();
+        planned
+            .retained
+            .iter()
+            .filter_map(|(id, served)| {
+                let (left, expires) = times.get(id.as_str())?;
+                Some(RetainedStatus {
+                    id: id.clone(),
+                    left_unix_seconds: unix(*left),
+                    expires_unix_seconds: unix(*expires),
+                    resources: served
+                        .iter()
+                        .flat_map(|(g, v, keys)| {
+                            keys.iter()
+                                .map(move |k| format!("{}, Resource={k}", GroupVersion::new(g, v)))
+                        })
+                        .collect(),
+                })
+            })
+            .collect()
     }
 
     /// Before the first publication: may it happen now? Reports why not.
@@ -490,6 +579,42 @@ impl Orchestrator {
                 })
                 .collect(),
             shared: storage.group_versions.clone(),
+            retained: self
+                .retention
+                .retained()
+                .iter()
+                .map(|r| (r.id.to_string(), r.left_at))
+                .collect(),
+        }
+    }
+
+    /// Peers with fresh discovery are the truth for themselves; peers that are no longer live
+    /// keep their last good discovery for the retention window; expired ones go. Written to the
+    /// state directory when it changed.
+    fn update_retention(&mut self, set: &PeerSet) {
+        let now = SystemTime::now();
+        let mut changes = Changes::default();
+        for p in &set.peers {
+            if let Some(docs) = self.peers.get(&p.id).and_then(|r| r.watch.current()) {
+                self.retention.seen(&p.id, &docs, &mut changes);
+            }
+        }
+        // Before the first lease list nobody is known to be live, not even to have left.
+        if set.synced {
+            let live: BTreeSet<&str> = set.peers.iter().map(|p| p.id.as_str()).collect();
+            self.retention.left_unless(&live, now, &mut changes);
+        }
+        self.retention.expire(now, &mut changes);
+        for id in &changes.remove {
+            info!(peer = %id, "API retention ended: what only this apiserver served is gone");
+        }
+        if changes.is_empty() {
+            return;
+        }
+        if let Some(state) = &self.state_dir {
+            if let Err(e) = state.apply(&self.retention, &changes) {
+                error!(error = %e, "could not write the state directory; the retention is kept in memory only");
+            }
         }
     }
 
@@ -517,6 +642,15 @@ impl Orchestrator {
                 documents: docs.as_deref(),
             })
             .collect();
+        let retained: Vec<RetainedView<'_>> = self
+            .retention
+            .retained()
+            .into_iter()
+            .map(|r| RetainedView {
+                id: r.id,
+                documents: r.documents,
+            })
+            .collect();
         plan(&PlanInputs {
             local: ApiserverView {
                 id: &fingerprint.local_id,
@@ -524,6 +658,7 @@ impl Orchestrator {
                 documents: fingerprint.local.as_deref(),
             },
             peers: &views,
+            retained: &retained,
             shared_storage: &storage.group_versions,
             wasm_path: &self.config.wasm,
             upstream_tls: self.config.upstream_tls.as_ref(),

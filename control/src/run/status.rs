@@ -30,6 +30,9 @@ pub struct AppMetrics {
     /// Milliseconds from the start to the first publish.
     first_sync_ms: AtomicU64,
     last_publish: Mutex<Option<SystemTime>>,
+    pending_peers: AtomicU64,
+    /// Retained apiservers: id, when their retention ends, how many group-version-resources.
+    retained: Mutex<Vec<RetainedStatus>>,
 }
 
 impl AppMetrics {
@@ -62,6 +65,14 @@ impl AppMetrics {
         self.routed_peers.store(routed as u64, Ordering::Relaxed);
         self.unrouted_peers
             .store(unrouted as u64, Ordering::Relaxed);
+    }
+
+    /// What the last plan retained and which peers it waits for.
+    pub fn fail_safe(&self, retained: Vec<RetainedStatus>, pending: usize) {
+        self.pending_peers.store(pending as u64, Ordering::Relaxed);
+        if let Ok(mut r) = self.retained.lock() {
+            *r = retained;
+        }
     }
 
     pub fn set_ready(&self, after_ms: u64) {
@@ -111,6 +122,32 @@ impl AppMetrics {
             self.routed_peers.load(Ordering::Relaxed),
             self.unrouted_peers.load(Ordering::Relaxed),
         );
+        let _ = write!(
+            out,
+            "# HELP skewgate_control_pending_peers Live peers whose discovery is not known yet (requests nobody known serves get 503).\n\
+             # TYPE skewgate_control_pending_peers gauge\n\
+             skewgate_control_pending_peers {}\n\
+             # HELP skewgate_control_retained_resources Resources no live apiserver serves, kept from an apiserver that left (answered 503, Stale in discovery).\n\
+             # TYPE skewgate_control_retained_resources gauge\n\
+             # HELP skewgate_control_retained_expiry_timestamp_seconds When the retention of an apiserver's APIs ends.\n\
+             # TYPE skewgate_control_retained_expiry_timestamp_seconds gauge\n",
+            self.pending_peers.load(Ordering::Relaxed),
+        );
+        if let Ok(retained) = self.retained.lock() {
+            for r in retained.iter() {
+                let _ = writeln!(
+                    out,
+                    "skewgate_control_retained_resources{{apiserver=\"{}\"}} {}",
+                    r.id,
+                    r.resources.len()
+                );
+                let _ = writeln!(
+                    out,
+                    "skewgate_control_retained_expiry_timestamp_seconds{{apiserver=\"{}\"}} {}",
+                    r.id, r.expires_unix_seconds
+                );
+            }
+        }
         if let Some(t) = last {
             let _ = write!(
                 out,
@@ -144,6 +181,16 @@ pub struct ApiserverStatus {
     pub last_error: Option<String>,
 }
 
+/// An apiserver whose APIs are retained, for `/debug/skew` and `/metrics`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RetainedStatus {
+    pub id: String,
+    pub left_unix_seconds: u64,
+    pub expires_unix_seconds: u64,
+    /// `group/version, Resource=resource` of what only it served.
+    pub resources: Vec<String>,
+}
+
 /// A lease that is not a peer, and why.
 #[derive(Debug, Clone, Serialize)]
 pub struct ExcludedLease {
@@ -161,6 +208,9 @@ pub struct View {
     pub shared_storage: BTreeSet<GroupVersion>,
     pub unrouted: Vec<Unrouted>,
     pub merged_discovery: String,
+    pub retained: Vec<RetainedStatus>,
+    /// Live peers whose discovery is not known yet.
+    pub pending: Vec<String>,
 }
 
 /// What `/readyz` and `/debug/skew` read.
@@ -205,13 +255,23 @@ impl Status {
         self.inner.read().map(|s| s.ready).unwrap_or(false)
     }
 
-    pub fn ready(&self) -> Result<(), Vec<String>> {
+    /// `Ok` with notes once ready (peers whose discovery is not known yet: requests only they
+    /// might serve get 503 meanwhile), or why not.
+    pub fn ready(&self) -> Result<Vec<String>, Vec<String>> {
         let s = self
             .inner
             .read()
             .map_err(|_| vec!["status unavailable".to_string()])?;
         if s.ready {
-            Ok(())
+            Ok(s.view
+                .as_ref()
+                .map(|v| {
+                    v.pending
+                        .iter()
+                        .map(|id| format!("peer {id}: discovery not known yet (503 for what nobody known serves)"))
+                        .collect()
+                })
+                .unwrap_or_default())
         } else if s.waiting_for.is_empty() {
             Err(vec!["starting".to_string()])
         } else {
@@ -245,6 +305,8 @@ impl Status {
             "merged_discovery": v.merged_discovery,
             "apiservers": s.apiservers,
             "unrouted_peers": v.unrouted,
+            "pending_peers": v.pending,
+            "retained": v.retained,
             "excluded_leases": s.excluded,
             "shared_storage": v.shared_storage.iter().map(GroupVersion::to_string).collect::<Vec<_>>(),
             "matrix": matrix,

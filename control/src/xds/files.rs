@@ -102,6 +102,7 @@ mod tests {
                 id: "b".into(),
                 served,
             }],
+            &Default::default(),
             &BTreeSet::new(),
         );
         let local = Address::parse("127.0.0.1:6443").expect("address");

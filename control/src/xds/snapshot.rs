@@ -226,6 +226,7 @@ mod tests {
                     served: served(c),
                 },
             ],
+            &Default::default(),
             &BTreeSet::new(),
         )
     }
