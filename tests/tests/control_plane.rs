@@ -418,7 +418,9 @@ async fn peers_join_leave_and_upgrade_and_routing_follows() -> Result<()> {
     let etcd = Etcd::start().await?;
     let dir = tempfile::tempdir()?;
     let mut a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
-    let mut control = Control::new(&a, dir.path(), &[])?;
+    // Without API retention (0 keeps the behaviour from before it): a dead peer's APIs leave
+    // with it. Retention has its own scenario below.
+    let mut control = Control::new(&a, dir.path(), &["--api-retention=0s"])?;
 
     // Envoy first: until the control plane's first complete sync it serves nothing, its port
     // refuses connections.
@@ -639,6 +641,172 @@ async fn peers_join_leave_and_upgrade_and_routing_follows() -> Result<()> {
     let (status, took) = control.terminate().await?;
     assert!(status.success(), "exit status {status}: {}", control.log());
     eprintln!("SIGTERM: exited 0 in {took:?}");
+    Ok(())
+}
+
+/// `(group, version) -> freshness` of an aggregated `/apis` body (`None`: Current).
+fn freshness_of(apis: &str, group: &str, version: &str) -> Option<Option<String>> {
+    let v: serde_json::Value = serde_json::from_str(apis).ok()?;
+    v["items"]
+        .as_array()?
+        .iter()
+        .filter(|g| g["metadata"]["name"] == group)
+        .flat_map(|g| g["versions"].as_array().cloned().unwrap_or_default())
+        .find(|v| v["version"] == version)
+        .map(|v| v["freshness"].as_str().map(str::to_string))
+}
+
+/// The only apiserver serving resource.k8s.io/v1beta2 crashes: its API is retained (Stale in
+/// merged discovery, 503 with Retry-After, never the local 404), across a restart of the control
+/// plane (state directory), until it comes back; then it crashes for good and the retention
+/// passes: the local 404 is the truth and the group-version is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_peers_api_is_retained_until_it_returns_or_the_window_passes() -> Result<()> {
+    const RETENTION: Duration = Duration::from_secs(20);
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let mut b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
+    let state = dir.path().join("state");
+    let mut control = Control::new(
+        &a,
+        dir.path(),
+        &[
+            &format!("--api-retention={}s", RETENTION.as_secs()),
+            &format!("--state-dir={}", state.display()),
+        ],
+    )?;
+    let envoy = start_routed_to_b(&mut control).await?;
+    let kubeconfig = envoy.kubeconfig()?;
+
+    // b crashes. From then on every answer for its resource is 503: first Envoy's (b refuses
+    // connections), then, once the lease grace has passed, the filter's (retained).
+    b.stop().await?;
+    let statuses = std::sync::Mutex::new(std::collections::BTreeMap::<u16, u32>::new());
+    let (_, took) = eventually(
+        "b's API is retained and marked Stale",
+        GRACE + Duration::from_secs(15),
+        || async {
+            let resp = client().get(url(&envoy, CLAIMS)).send().await?;
+            if let Ok(mut s) = statuses.lock() {
+                *s.entry(resp.status().as_u16()).or_default() += 1;
+            }
+            let (_, body) = apis(&envoy).await?;
+            let stale = freshness_of(&body, "resource.k8s.io", "v1beta2")
+                == Some(Some("Stale".to_string()));
+            Ok(stale.then_some(()))
+        },
+    )
+    .await
+    .with_context(|| control.log())?;
+    let statuses = statuses.into_inner().unwrap_or_default();
+    assert_eq!(
+        statuses.keys().copied().collect::<Vec<_>>(),
+        vec![503],
+        "only 503s while b is gone: {statuses:?}"
+    );
+    eprintln!("the only 1.33 apiserver crashed: its API marked Stale after {took:?} (grace {GRACE:?}), answers {statuses:?}");
+    let resp = client().get(url(&envoy, CLAIMS)).send().await?;
+    assert_eq!(resp.status(), 503);
+    assert!(!header(&resp, "retry-after").is_empty(), "Retry-After");
+    let body = resp.text().await?;
+    assert!(
+        body.contains("ServiceUnavailable") && body.contains("resource.k8s.io/v1beta2"),
+        "{body}"
+    );
+    // Real kubectl: the get is 503 (never NotFound), and discovery of everything else works.
+    let (ok, _, err) = kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "resourceclaims.v1beta2.resource.k8s.io",
+            "-n",
+            "default",
+        ],
+    )
+    .await?;
+    assert!(!ok && !err.contains("NotFound"), "{err}");
+    let (ok, out, err) = kubectl(&kubeconfig, &["api-resources"]).await?;
+    assert!(ok, "{err}");
+    assert!(out.contains("deployments") && out.contains("pods"), "{out}");
+    let skew = control.skew().await?;
+    assert_eq!(skew["retained"][0]["id"], b.lease_name().as_str(), "{skew}");
+    assert!(
+        control
+            .metric(&format!(
+                "skewgate_control_retained_resources{{apiserver=\"{}\"}}",
+                b.lease_name()
+            ))
+            .await?
+            > 0.0
+    );
+
+    // The control plane restarts while b is still gone: the retention comes back from the state
+    // directory (Envoy keeps its configuration meanwhile; the new one must still retain).
+    control.terminate().await?;
+    control.start().await?;
+    eventually("ready again", Duration::from_secs(30), || async {
+        Ok(control.ready().await.then_some(()))
+    })
+    .await?;
+    let skew = control.skew().await?;
+    assert_eq!(
+        skew["retained"][0]["id"],
+        b.lease_name().as_str(),
+        "after a restart: {skew}"
+    );
+    let (_, body) = apis(&envoy).await?;
+    assert_eq!(
+        freshness_of(&body, "resource.k8s.io", "v1beta2"),
+        Some(Some("Stale".to_string()))
+    );
+    assert_eq!(get(&envoy, CLAIMS).await?.0, 503);
+
+    // b comes back: served by it again at once, and nothing is Stale.
+    b.restart(None).await?;
+    let took = routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (200, "apiserver-b"),
+        Duration::from_secs(20),
+    )
+    .await?;
+    let (_, body) = apis(&envoy).await?;
+    assert_eq!(
+        freshness_of(&body, "resource.k8s.io", "v1beta2"),
+        Some(None),
+        "Current again"
+    );
+    eprintln!("b back: routed to it {took:?} after its restart");
+
+    // b crashes for good: retained until the window passes, then the local 404 is the truth.
+    let gone = Instant::now();
+    b.stop().await?;
+    routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (404, "apiserver-a"),
+        GRACE + RETENTION + Duration::from_secs(15),
+    )
+    .await?;
+    let took = gone.elapsed();
+    assert!(
+        took >= RETENTION,
+        "not before the retention passed: {took:?}"
+    );
+    let (_, body) = apis(&envoy).await?;
+    assert_eq!(
+        freshness_of(&body, "resource.k8s.io", "v1beta2"),
+        None,
+        "gone from discovery"
+    );
+    eprintln!(
+        "b gone for good: the local 404 after {took:?} (grace {GRACE:?} + retention {RETENTION:?})"
+    );
+    drop(a);
     Ok(())
 }
 
