@@ -810,6 +810,102 @@ async fn a_dead_peers_api_is_retained_until_it_returns_or_the_window_passes() ->
     Ok(())
 }
 
+/// The local apiserver restarts on a newer version under load while a peer still serves what
+/// the old version served: no request for it ever gets a 404 (the node answers from the peer,
+/// or 503 while it is in doubt), and merged discovery follows the new local view within about
+/// a second of the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_apiserver_restarting_on_a_new_version_never_yields_a_404() -> Result<()> {
+    const FLOWSCHEMAS_V1BETA3: &str = "/apis/flowcontrol.apiserver.k8s.io/v1beta3/flowschemas";
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let mut a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.30", &etcd)).await?;
+    let mut control = Control::new(&a, dir.path(), &[])?;
+    control.start().await?;
+    let envoy = live_envoy(&control, None, None).await?;
+    routed(
+        &envoy,
+        &control,
+        FLOWSCHEMAS_V1BETA3,
+        (200, "apiserver-a"),
+        Duration::from_secs(30),
+    )
+    .await?;
+
+    // Load: flowcontrol v1beta3 (1.30 only: served by a before its upgrade, by b after) and
+    // apps/v1 (both), as fast as one client goes, until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (stop, base) = (stop.clone(), envoy.url());
+        tokio::spawn(async move {
+            let mut seen: std::collections::BTreeMap<(String, u16, String), u32> =
+                Default::default();
+            while !stop.load(Ordering::Relaxed) {
+                for path in [FLOWSCHEMAS_V1BETA3, DEPLOYMENTS] {
+                    if let Ok(resp) = client().get(format!("{base}{path}")).send().await {
+                        let key = (
+                            path.to_string(),
+                            resp.status().as_u16(),
+                            header(&resp, "x-sim-apiserver"),
+                        );
+                        *seen.entry(key).or_default() += 1;
+                    }
+                }
+            }
+            seen
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let upgrade = Instant::now();
+    a.restart(Some("k8s-1.33")).await?;
+    let restarted = upgrade.elapsed();
+    // Merged discovery follows the new local view: v1beta2 (1.33) appears.
+    let (_, followed) = eventually(
+        "merged discovery lists the new local version",
+        Duration::from_secs(10),
+        || async {
+            let (_, body) = apis(&envoy).await?;
+            Ok(versions_of(&body, "resource.k8s.io")
+                .contains(&"v1beta2".to_string())
+                .then_some(()))
+        },
+    )
+    .await
+    .with_context(|| control.log())?;
+    routed(
+        &envoy,
+        &control,
+        FLOWSCHEMAS_V1BETA3,
+        (200, "apiserver-b"),
+        Duration::from_secs(10),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let seen = load.await?;
+    eprintln!(
+        "local apiserver upgraded 1.30 -> 1.33 under load (restart took {restarted:?}): merged \
+         discovery followed {followed:?} after it was back; answers: {seen:?}"
+    );
+    let not_found: Vec<_> = seen
+        .iter()
+        .filter(|((_, code, _), _)| *code == 404)
+        .collect();
+    assert!(
+        not_found.is_empty(),
+        "404s: {not_found:?}\n{}",
+        control.log()
+    );
+    assert!(
+        followed < Duration::from_millis(2500),
+        "discovery followed the restart only after {followed:?}"
+    );
+    drop(b);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_keeps_serving_while_the_control_plane_restarts() -> Result<()> {
     let _serial = SERIAL.lock().await;
