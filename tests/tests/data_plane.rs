@@ -430,6 +430,29 @@ fn replace_once(haystack: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Header names with underscores never reach an apiserver: a server that folds `_` into `-`
+/// would take `X_Remote_User` for the trusted `X-Remote-User` the filter strips.
+#[tokio::test]
+async fn underscored_header_names_never_reach_an_apiserver() -> Result<()> {
+    let (_a, _b, envoy) = mixed_cluster().await?;
+    for path in [
+        "/apis/apps/v1/namespaces/default/deployments",
+        CLAIMS_V1BETA2,
+    ] {
+        let resp = client()
+            .get(format!("{}{path}", envoy.url()))
+            .header("X_Remote_User", "system:admin")
+            .header("x_remote_group", "system:masters")
+            .header("X_Kubernetes_Peer_Proxied", "true")
+            .send()
+            .await?;
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(header(&resp, "x-sim-underscored-headers"), "", "{path}");
+        assert_eq!(header(&resp, "x-sim-remote-user"), "", "{path}");
+    }
+    Ok(())
+}
+
 /// Real kubectl 1.37 through Envoy. kubectl resolves resource names through discovery, and
 /// until Envoy serves the merged discovery document the local 1.30 apiserver's hides
 /// resource.k8s.io/v1beta2; so this goes by path, which is what matters here: the request

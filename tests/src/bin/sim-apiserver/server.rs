@@ -4,7 +4,7 @@
 //!
 //! Echo headers: `x-sim-apiserver` (this server's id), `x-sim-peer-proxied` and
 //! `x-sim-remote-user` (the raw `x-kubernetes-peer-proxied` / `x-remote-user` request headers,
-//! whoever sent them), `x-sim-impersonate-user` (the raw `Impersonate-User`; impersonation
+//! whoever sent them), `x-sim-underscored-headers` (request header names with `_`), `x-sim-impersonate-user` (the raw `Impersonate-User`; impersonation
 //! itself is not simulated), and the identity the authenticator chain settled on: `x-sim-user`,
 //! `x-sim-uid` (when set), `x-sim-groups` (comma-joined) and `x-sim-authenticator`
 //! (`requestheader`, `x509`, `token` or `anonymous`); a 401 carries `x-sim-auth-error`.
@@ -128,6 +128,18 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     }
     if let Some(v) = headers.get(IMPERSONATE_USER) {
         h.insert(HeaderName::from_static("x-sim-impersonate-user"), v.clone());
+    }
+    // Header names with underscores: servers that fold `_` into `-` (CGI-style, some extension
+    // apiservers) would read `X_Remote_User` as `X-Remote-User`.
+    let underscored: Vec<&str> = headers
+        .keys()
+        .map(HeaderName::as_str)
+        .filter(|n| n.contains('_'))
+        .collect();
+    if let Ok(v) = HeaderValue::from_str(&underscored.join(",")) {
+        if !underscored.is_empty() {
+            h.insert(HeaderName::from_static("x-sim-underscored-headers"), v);
+        }
     }
     if let Some(c) = &conn {
         h.insert(
