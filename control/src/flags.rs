@@ -123,6 +123,11 @@ pub fn parse_socket_address(s: &str) -> Result<SocketAddr, FlagError> {
         .map_err(|_| FlagError::value(s, "not ip:port (a numeric address)"))
 }
 
+/// A CIDR (`10.0.0.0/24`, `fd00::/64`; a bare address is a /32 or /128).
+pub fn parse_cidr(s: &str) -> Result<ipnet::IpNet, FlagError> {
+    crate::peers::parse_cidr(s).map_err(|e| FlagError::value(s, e))
+}
+
 /// Envoy resolves relative paths against its own working directory: refuse them.
 pub fn absolute(flag: &'static str, path: &Path) -> Result<(), FlagError> {
     if path.is_absolute() {
@@ -208,6 +213,8 @@ pub struct ListenerFlags {
     /// the apiserver itself, for the other apiservers' Envoys.
     #[arg(long, value_parser = parse_address, value_name = "IP:PORT")]
     pub peer_listen: Option<Address>,
+    #[command(flatten)]
+    pub peer_cidrs: PeerCidrs,
     /// The apiserver's serving certificate, which Envoy presents to clients in its place.
     #[arg(long, value_name = "PATH", requires = "tls_private_key_file")]
     pub tls_cert_file: Option<PathBuf>,
@@ -252,15 +259,30 @@ impl ListenerFlags {
         }
     }
 
-    /// The peer port must not be the client port.
+    /// The peer port must not be the client port, and only peers may connect to it: it
+    /// passes TLS straight to the apiserver, past the filter.
     pub fn peer_listen(&self) -> Result<Option<&Address>, FlagError> {
         match &self.peer_listen {
             Some(peer) if *peer == self.listen => Err(FlagError::Combination(
                 "--peer-listen must differ from --listen".into(),
             )),
+            Some(_) if self.peer_cidrs.peer_cidrs.is_empty() => Err(FlagError::Combination(
+                "--peer-listen needs --peer-cidr: only the other apiservers' Envoys may reach the peer port, which passes TLS to the apiserver past the filter".into(),
+            )),
             other => Ok(other.as_ref()),
         }
     }
+}
+
+/// Where the other control-plane nodes are: their peer-advertise addresses must be inside
+/// (`run`), and only they may connect to the peer port (`bootstrap`, `render-static`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PeerCidrs {
+    /// A CIDR the other control-plane nodes are in (repeatable, or comma-separated). `run`
+    /// accepts peer-advertise addresses only inside; the peer port accepts connections only
+    /// from inside.
+    #[arg(long = "peer-cidr", value_name = "CIDR", value_delimiter = ',', value_parser = parse_cidr)]
+    pub peer_cidrs: Vec<ipnet::IpNet>,
 }
 
 /// How Envoy (and the control plane's own discovery fetches) reach apiservers: the same flags

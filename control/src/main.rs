@@ -148,6 +148,7 @@ fn render_static(args: RenderStatic) -> Result<()> {
         serving: serving.as_ref(),
         upstream_tls: upstream_tls.as_ref(),
         peer_listen: args.listener.peer_listen()?,
+        peer_cidrs: &args.listener.peer_cidrs.peer_cidrs,
     })?;
     if let MergedOutcome::Skipped { reason } = &written.plan.merged {
         // Routing still works; discovery is then each apiserver's own.

@@ -37,8 +37,9 @@ pub struct StaticConfig<'a> {
     pub request_timeout: Duration,
     pub serving: Option<&'a ServingTls>,
     pub upstream_tls: Option<&'a UpstreamTls>,
-    /// The L4 peer port to the local apiserver, if any.
+    /// The L4 peer port to the local apiserver, if any, and who may connect to it.
     pub peer_listen: Option<&'a Address>,
+    pub peer_cidrs: &'a [ipnet::IpNet],
 }
 
 /// What [`write`] wrote.
@@ -92,6 +93,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
         peer: config.peer_listen.map(|listen| PeerPassthrough {
             listen,
             apiserver: config.local.address,
+            allowed_sources: config.peer_cidrs,
         }),
     }
     .render()?;

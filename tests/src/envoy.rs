@@ -65,8 +65,10 @@ pub struct EnvoyOptions {
     pub serving: Option<skewgate_control::envoy::ServingTls>,
     /// `None`: plaintext to the apiservers.
     pub upstream: Option<skewgate_control::envoy::UpstreamTls>,
-    /// The peer port (L4 passthrough to the local apiserver), if any.
+    /// The peer port (L4 passthrough to the local apiserver), if any, and who may connect to
+    /// it (default: loopback).
     pub peer_listen: Option<Address>,
+    pub peer_cidrs: Vec<ipnet::IpNet>,
 }
 
 impl Default for EnvoyOptions {
@@ -76,6 +78,7 @@ impl Default for EnvoyOptions {
             serving: None,
             upstream: None,
             peer_listen: None,
+            peer_cidrs: vec!["127.0.0.0/8".parse().expect("a CIDR")],
         }
     }
 }
@@ -124,6 +127,7 @@ impl Envoy {
             serving: options.serving.as_ref(),
             upstream_tls: options.upstream.as_ref(),
             peer_listen: options.peer_listen.as_ref(),
+            peer_cidrs: &options.peer_cidrs,
         })?;
         if let MergedOutcome::Skipped { reason } = &written.plan.merged {
             bail!("merged discovery was left out: {reason}");

@@ -294,6 +294,7 @@ async fn live_envoy(
     };
     if let Some((peer_port, local)) = peer_port {
         listener_args.push(format!("--peer-listen=127.0.0.1:{peer_port}"));
+        listener_args.push("--peer-cidr=127.0.0.0/8".to_string());
         listener_args.push(format!("--local-apiserver-url={}", local.url()));
     }
     let out = Command::new(control_bin()?)

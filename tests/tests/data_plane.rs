@@ -453,6 +453,50 @@ async fn underscored_header_names_never_reach_an_apiserver() -> Result<()> {
     Ok(())
 }
 
+/// The peer port passes TLS to the apiserver past the filter: only sources inside the peer
+/// CIDRs may connect. Here the peers are 127.0.0.2/32: a client from 127.0.0.1 is cut off
+/// before a byte reaches the apiserver, one from 127.0.0.2 reaches it.
+#[tokio::test]
+async fn the_peer_port_admits_only_the_peer_cidrs() -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let port = skewgate_tests::free_port()?;
+    let peer_port = skewgate_control::envoy::Address::parse(&format!("127.0.0.1:{port}"))?;
+    let envoy = Envoy::start_with(
+        &a,
+        Vec::new(),
+        EnvoyOptions {
+            peer_listen: Some(peer_port),
+            peer_cidrs: vec!["127.0.0.2/32".parse()?],
+            ..EnvoyOptions::default()
+        },
+    )
+    .await?;
+    let request = b"GET /version HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+    let exchange = |source: &'static str| async move {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(format!("{source}:0").parse()?)?;
+        let mut stream = socket.connect(format!("127.0.0.1:{port}").parse()?).await?;
+        let mut answer = Vec::new();
+        // A refused connection is closed or reset: either way no answer comes back.
+        if stream.write_all(request).await.is_ok() {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+        }
+        anyhow::Ok(String::from_utf8_lossy(&answer).into_owned())
+    };
+    let outside = exchange("127.0.0.1").await?;
+    assert_eq!(outside, "", "a client outside the peer CIDRs got an answer");
+    let inside = exchange("127.0.0.2").await?;
+    assert!(inside.starts_with("HTTP/1.1 200"), "{inside}");
+    assert!(
+        envoy.stat("peer.rbac.denied").await? >= 1,
+        "{}",
+        envoy.log()
+    );
+    Ok(())
+}
+
 /// Real kubectl 1.37 through Envoy. kubectl resolves resource names through discovery, and
 /// until Envoy serves the merged discovery document the local 1.30 apiserver's hides
 /// resource.k8s.io/v1beta2; so this goes by path, which is what matters here: the request

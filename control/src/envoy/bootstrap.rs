@@ -48,6 +48,8 @@ pub struct PeerPassthrough<'a> {
     pub listen: &'a Address,
     /// Where the apiserver listens (`127.0.0.1:6443` when it binds loopback).
     pub apiserver: &'a Address,
+    /// Who may connect: the other control-plane nodes (never empty).
+    pub allowed_sources: &'a [ipnet::IpNet],
 }
 
 /// Keep or drop the lines between `# {{#name}}` and `# {{/name}}`; the marker lines always go.
@@ -140,7 +142,24 @@ impl Bootstrap<'_> {
             } else {
                 "STRICT_DNS"
             };
+            if peer.allowed_sources.is_empty() {
+                return Err(EnvoyError::Unsafe("a peer port open to every source"));
+            }
+            let principals: Vec<serde_json::Value> = peer
+                .allowed_sources
+                .iter()
+                .map(|net| {
+                    serde_json::json!({ "direct_remote_ip": {
+                        "address_prefix": net.network().to_string(),
+                        "prefix_len": net.prefix_len(),
+                    }})
+                })
+                .collect();
             template = template
+                .replace(
+                    "{{peer_principals}}",
+                    &serde_json::Value::from(principals).to_string(),
+                )
                 .replace("{{peer_listen_address}}", &quoted_host(peer.listen))
                 .replace("{{peer_listen_port}}", &peer.listen.port.to_string())
                 .replace("{{apiserver_address}}", &quoted_host(peer.apiserver))
@@ -355,6 +374,7 @@ mod tests {
             peer: Some(PeerPassthrough {
                 listen: &peer_listen,
                 apiserver: &apiserver,
+                allowed_sources: &["10.0.0.0/24".parse().expect("cidr")],
             }),
         }
         .render()
@@ -366,6 +386,8 @@ mod tests {
             "cluster: skewgate-local-passthrough",
             "type: STATIC\n",
             "address: \"127.0.0.1\", port_value: 6443",
+            "envoy.filters.network.rbac",
+            r#"principals: [{"direct_remote_ip":{"address_prefix":"10.0.0.0","prefix_len":24}}]"#,
         ] {
             assert!(yaml.contains(want), "{want} missing:\n{yaml}");
         }

@@ -266,9 +266,11 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
         node_id: &args.node_id,
         request_timeout: listener.request_timeout,
         serving: serving.as_ref(),
-        peer: peer
-            .as_ref()
-            .map(|(listen, apiserver)| PeerPassthrough { listen, apiserver }),
+        peer: peer.as_ref().map(|(listen, apiserver)| PeerPassthrough {
+            listen,
+            apiserver,
+            allowed_sources: &listener.peer_cidrs.peer_cidrs,
+        }),
     }
     .render()?)
 }
@@ -385,6 +387,7 @@ mod tests {
             "--insecure-plaintext-listener",
             "--listen=10.0.0.11:6443",
             "--peer-listen=10.0.0.11:6444",
+            "--peer-cidr=10.0.0.0/24",
             "--local-apiserver-url=https://127.0.0.1:6443",
         ]) else {
             panic!("parses");
@@ -395,6 +398,7 @@ mod tests {
             "bootstrap",
             "--insecure-plaintext-listener",
             "--peer-listen=10.0.0.11:6444",
+            "--peer-cidr=10.0.0.0/24",
         ]) else {
             panic!("parses");
         };

@@ -8,9 +8,9 @@ use std::time::Duration;
 use crate::envoy::UpstreamTls;
 use crate::flags::{
     absolute, parse_duration, parse_local_url, parse_socket_address, parse_xds_listen, FlagError,
-    LocalApiserver, Scheme, UpstreamTlsFlags,
+    LocalApiserver, PeerCidrs, Scheme, UpstreamTlsFlags,
 };
-use crate::peers::{self, AddressPolicy, LocalSelector, MappingEntry, PeerConfig};
+use crate::peers::{AddressPolicy, LocalSelector, MappingEntry, PeerConfig};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
@@ -46,10 +46,10 @@ pub struct RunArgs {
     /// Or: the local apiserver's host name (its Lease's kubernetes.io/hostname label).
     #[arg(long, value_name = "HOSTNAME")]
     pub node_name: Option<String>,
-    /// A CIDR peer-advertise-address annotations must be inside (repeatable, or
-    /// comma-separated). Without any, every annotation is refused.
-    #[arg(long = "peer-cidr", value_name = "CIDR")]
-    pub peer_cidrs: Vec<String>,
+    /// Peer-advertise-address annotations must be inside; without any, every annotation is
+    /// refused.
+    #[command(flatten)]
+    pub peer_cidrs: PeerCidrs,
     /// A peer address the operator vouches for: lease/<lease-name>=ip:port or
     /// host/<hostname>=ip:port (repeatable). Wins over the lease's annotation.
     #[arg(long = "peer-address", value_name = "KIND/NAME=IP:PORT")]
@@ -153,14 +153,7 @@ impl RunArgs {
                 ))
             }
         };
-        let cidrs = self
-            .peer_cidrs
-            .iter()
-            .flat_map(|c| c.split(','))
-            .map(|c| {
-                peers::parse_cidr(c).map_err(|e| FlagError::flag("--peer-cidr", c, e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let cidrs = self.peer_cidrs.peer_cidrs.clone();
         let mapping = self
             .peer_addresses
             .iter()
