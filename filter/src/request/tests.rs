@@ -32,13 +32,27 @@ const MISSES: u32 = 2;
 const NOPEER: u32 = 3;
 const REROUTED: u32 = 4;
 const PEER_ERRORS: u32 = 5;
+const RETAINED: u32 = 6;
+const PENDING: u32 = 7;
+const NOT_SERVED: u32 = 8;
 
 /// A 1.30 local apiserver with a 1.33 peer (cluster `p133`) and merged discovery.
 fn compiled() -> Rc<CompiledConfig> {
+    compiled_with(&[])
+}
+
+/// The same, while the discovery of the `pending` peers is not known yet. The apiserver that
+/// served `resource.k8s.io/v1beta3` and `pods/resize` is gone: they are retained.
+fn compiled_with(pending: &[&str]) -> Rc<CompiledConfig> {
     let resource = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
         resource: resource.into(),
         local,
         peer_cluster: peer.map(str::to_string),
+        retained: false,
+    };
+    let retained = |name: &str| ResourceRoute {
+        retained: true,
+        ..resource(name, false, None)
     };
     let gv = |group: &str, version: &str, resources| GroupVersionRoutes {
         group: group.into(),
@@ -47,16 +61,26 @@ fn compiled() -> Rc<CompiledConfig> {
         resources,
     };
     let config = FilterConfig {
+        pending_peers: pending.iter().map(|p| p.to_string()).collect(),
         schema: SCHEMA_VERSION,
         local_apiserver: "apiserver-a".into(),
         peer_clusters: BTreeMap::from([("p133".to_string(), vec!["apiserver-b".to_string()])]),
         group_versions: vec![
-            gv("", "v1", vec![resource("pods", true, None)]),
+            gv(
+                "",
+                "v1",
+                vec![resource("pods", true, None), retained("pods/resize")],
+            ),
             gv("apps", "v1", vec![resource("deployments", true, None)]),
             gv(
                 "resource.k8s.io",
                 "v1beta2",
                 vec![resource("resourceclaims", false, Some("p133"))],
+            ),
+            gv(
+                "resource.k8s.io",
+                "v1beta3",
+                vec![retained("resourceclaims")],
             ),
         ],
         discovery: Some(DiscoveryConfig {
@@ -68,6 +92,7 @@ fn compiled() -> Rc<CompiledConfig> {
                 "/apis/resource.k8s.io/v1beta2".to_string(),
                 JsonDocument::from_str(GROUPS).unwrap(),
             )]),
+            unavailable: ["/apis/resource.k8s.io/v1beta3".to_string()].into(),
         }),
     };
     config.validate().unwrap();
@@ -81,6 +106,9 @@ fn worker() -> Rc<Worker> {
         discovery_nopeer: Some(NOPEER),
         rerouted: Some(REROUTED),
         peer_proxy_errors: Some(PEER_ERRORS),
+        retained: Some(RETAINED),
+        peer_discovery_pending: Some(PENDING),
+        not_served: Some(NOT_SERVED),
     }))
 }
 
