@@ -115,7 +115,10 @@ impl<H: Host> Request<H> {
                 log_limited(
                     &mut self.host,
                     &self.worker.unavailable_log,
-                    format_args!("skewgate: answering {method} {path} with 503 ({cause:?})"),
+                    format_args!(
+                        "skewgate: answering {method} {:?} with 503 ({cause:?})",
+                        clip(&path)
+                    ),
                 );
                 send_local(&mut self.host, &reply)?;
                 return Ok(Action::Pause);
@@ -265,6 +268,18 @@ fn log_limited<H: Host>(host: &mut H, limit: &Cell<LogLimit>, line: fmt::Argumen
         ),
     }
 }
+
+/// At most [`LOGGED_PATH`] bytes of a client's path, cut at a character boundary: a log line
+/// stays a line.
+fn clip(path: &str) -> &str {
+    let mut end = path.len().min(LOGGED_PATH);
+    while !path.is_char_boundary(end) {
+        end = end.saturating_sub(1);
+    }
+    path.get(..end).unwrap_or_default()
+}
+
+const LOGGED_PATH: usize = 512;
 
 /// A value's text, or `?` without one.
 struct DisplayOr<T>(Option<T>);

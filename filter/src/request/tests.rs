@@ -1094,7 +1094,7 @@ fn unavailable_requests_are_answered_503_with_retry_after() {
         assert_eq!(
             req.host.infos(),
             [format!(
-                "skewgate: answering {method} {path} with 503 ({})",
+                "skewgate: answering {method} {path:?} with 503 ({})",
                 if counter == PENDING {
                     "PeerDiscoveryPending"
                 } else if path.contains('?') {
@@ -1283,4 +1283,14 @@ fn only_a_served_404_reads_the_content_type() {
         assert_eq!(req.on_response_body(10), Action::Continue);
         assert_eq!(&req.host.calls[before..], calls, "{path} {status}");
     }
+}
+
+#[test]
+fn logged_paths_are_clipped_at_a_character_boundary() {
+    let long = format!("/apis/{}", "é".repeat(400));
+    let clipped = super::clip(&long);
+    assert!(clipped.len() <= super::LOGGED_PATH && clipped.len() >= super::LOGGED_PATH - 1);
+    assert!(long.starts_with(clipped));
+    assert_eq!(super::clip("/api/v1/pods"), "/api/v1/pods");
+    assert_eq!(super::clip(""), "");
 }
