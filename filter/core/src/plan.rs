@@ -7,8 +7,9 @@
 //! apiserver is known to serve now), or forward with these header changes to that cluster,
 //! keeping a [`ResponsePlan`] for the answer. [`ResponsePlan::decide`] does the same for the
 //! response: pass it, replace it with the merged discovery answer, replace Envoy's own reply with
-//! a Status, or make an apiserver's `404 page not found` for what it should serve a 503. The proxy-wasm shell only reads what these functions need, applies what they return,
-//! and counts; it decides nothing.
+//! a Status, or make an apiserver's `404 page not found` for what it should serve a 503. The
+//! proxy-wasm shell only reads what these functions need, applies what they return, and counts;
+//! it decides nothing.
 
 use std::borrow::Cow;
 use std::fmt;
