@@ -1,5 +1,5 @@
-//! The filter's counters, named like upstream's where the meaning matches. Envoy lists them
-//! under `wasmcustom.` in its stats.
+//! The filter's counters, named like upstream's where the meaning matches (`skewgate_` where
+//! upstream has none). Envoy lists them under `wasmcustom.` in its stats.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
@@ -13,6 +13,9 @@ pub struct Metrics {
     pub discovery_nopeer: Option<u32>,
     pub rerouted: Option<u32>,
     pub peer_proxy_errors: Option<u32>,
+    pub retained: Option<u32>,
+    pub peer_discovery_pending: Option<u32>,
+    pub not_served: Option<u32>,
 }
 
 fn counter(name: &str) -> Option<u32> {
@@ -36,6 +39,9 @@ impl Metrics {
             discovery_nopeer: counter("aggregator_discovery_nopeer_requests_total"),
             rerouted: counter("apiserver_rerouted_request_total"),
             peer_proxy_errors: counter("apiserver_peer_proxy_errors_total"),
+            retained: counter("skewgate_retained_unavailable_total"),
+            peer_discovery_pending: counter("skewgate_peer_discovery_pending_total"),
+            not_served: counter("skewgate_not_served_404_total"),
         }
     }
 
@@ -46,6 +52,9 @@ impl Metrics {
             Counter::DiscoveryNoPeer => self.discovery_nopeer,
             Counter::Rerouted => self.rerouted,
             Counter::PeerProxyError => self.peer_proxy_errors,
+            Counter::Retained => self.retained,
+            Counter::PeerDiscoveryPending => self.peer_discovery_pending,
+            Counter::NotServed => self.not_served,
         }
     }
 }

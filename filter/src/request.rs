@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
+use std::fmt;
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
@@ -13,7 +14,7 @@ use proxy_wasm::types::{Action, Status};
 use skewgate_core::log_limit::LogLimit;
 use skewgate_core::plan::{
     self, CompiledConfig, Counter, HeaderOp, LocalReply, ReplaceCause, ReplacementBody,
-    RequestPlan, ResponseDecision, ResponsePlan, Route,
+    RequestPlan, ResponseDecision, ResponsePlan, Route, ServedBy,
 };
 
 use crate::host::{Headers, Host, ProxyHost};
@@ -25,6 +26,12 @@ pub struct Worker {
     pub metrics: Metrics,
     /// The info line for each reply of Envoy's we map: at most one per window.
     pub reply_log: Cell<LogLimit>,
+    /// The info line for each request we answer 503 because no live apiserver is known to
+    /// serve it now (retained, or a peer's discovery pending): at most one per window.
+    pub unavailable_log: Cell<LogLimit>,
+    /// The info line for each apiserver `404 page not found` we answer 503 (the apiserver's
+    /// view is out of date): at most one per window.
+    pub not_served_log: Cell<LogLimit>,
 }
 
 impl Worker {
@@ -32,6 +39,8 @@ impl Worker {
         Worker {
             metrics,
             reply_log: Cell::default(),
+            unavailable_log: Cell::default(),
+            not_served_log: Cell::default(),
         }
     }
 }
@@ -95,6 +104,25 @@ impl<H: Host> Request<H> {
                 send_local(&mut self.host, &reply)?;
                 return Ok(Action::Pause);
             }
+            RequestPlan::Unavailable {
+                method,
+                path,
+                cause,
+                reply,
+                counter,
+            } => {
+                count(&mut self.host, &self.worker.metrics, counter);
+                log_limited(
+                    &mut self.host,
+                    &self.worker.unavailable_log,
+                    format_args!(
+                        "skewgate: answering {method} {:?} with 503 ({cause:?})",
+                        clip(&path)
+                    ),
+                );
+                send_local(&mut self.host, &reply)?;
+                return Ok(Action::Pause);
+            }
         };
         if !forward.strip.is_empty() {
             self.host.log(
@@ -146,15 +174,47 @@ impl<H: Host> Request<H> {
         let details = details
             .as_deref()
             .map_or(Cow::Borrowed(""), String::from_utf8_lossy);
-        let replacement = match self.response.decide(&self.compiled, code, &details) {
+        // Only for a 404 of a request routed to an apiserver that serves it.
+        let content_type = if self.response.needs_content_type(code, &details) {
+            self.host.response_header("content-type")?
+        } else {
+            None
+        };
+        let decision =
+            self.response
+                .decide(&self.compiled, code, &details, content_type.as_deref());
+        let replacement = match decision {
             ResponseDecision::Pass => return Ok(()),
             ResponseDecision::Replace(replacement) => replacement,
         };
         if let Some(counter) = replacement.counter {
             count(&mut self.host, &self.worker.metrics, counter);
         }
-        if let ReplaceCause::EnvoyReply { envoy_code, code } = replacement.cause {
-            log_envoy_reply(&mut self.host, &self.worker, envoy_code, &details, code);
+        match replacement.cause {
+            ReplaceCause::EnvoyReply { envoy_code, code } => log_limited(
+                &mut self.host,
+                &self.worker.reply_log,
+                format_args!(
+                    "skewgate: Envoy replied {envoy_code} ({details}); answering {code} with a Status"
+                ),
+            ),
+            ReplaceCause::NotServed { by } => {
+                let by = match by {
+                    ServedBy::Local => "the local apiserver",
+                    ServedBy::Peer => "a peer apiserver",
+                };
+                let target = self.response.served.as_ref().map(|s| &s.target);
+                log_limited(
+                    &mut self.host,
+                    &self.worker.not_served_log,
+                    format_args!(
+                        "skewgate: {by} answered 404 page not found for {}, which the routing \
+                         table says it serves (restarted?); answering 503",
+                        DisplayOr(target)
+                    ),
+                );
+            }
+            ReplaceCause::MergedDiscovery => {}
         }
         apply(&mut self.host, Headers::Response, &replacement.headers)?;
         self.replacement = Some(replacement.body);
@@ -185,20 +245,15 @@ impl<H: Host> Request<H> {
     }
 }
 
-/// One info line per window and worker: a long peer outage maps every peer-bound request,
-/// and must not flood Envoy's log.
-fn log_envoy_reply<H: Host>(
-    host: &mut H,
-    worker: &Worker,
-    envoy_code: u16,
-    details: &str,
-    code: u16,
-) {
+/// One info line per window and worker for each kind of line (`limit`): a long peer outage
+/// maps every peer-bound request, a retained resource answers every request for it, and
+/// neither must flood Envoy's log.
+fn log_limited<H: Host>(host: &mut H, limit: &Cell<LogLimit>, line: fmt::Arguments<'_>) {
     let admitted = match host.now() {
         Ok(now) => {
-            let mut limit = worker.reply_log.get();
-            let admitted = limit.admit(now);
-            worker.reply_log.set(limit);
+            let mut state = limit.get();
+            let admitted = state.admit(now);
+            limit.set(state);
             admitted
         }
         // Without a clock, write it: better a busy log than a silent one.
@@ -206,19 +261,35 @@ fn log_envoy_reply<H: Host>(
     };
     match admitted {
         None => {}
-        Some(0) => host.log(
-            log::Level::Info,
-            format_args!(
-                "skewgate: Envoy replied {envoy_code} ({details}); answering {code} with a Status"
-            ),
-        ),
+        Some(0) => host.log(log::Level::Info, line),
         Some(left_out) => host.log(
             log::Level::Info,
-            format_args!(
-                "skewgate: Envoy replied {envoy_code} ({details}); answering {code} with a Status \
-                 ({left_out} more such replies since the last line not logged)"
-            ),
+            format_args!("{line} ({left_out} more such replies since the last line not logged)"),
         ),
+    }
+}
+
+/// At most [`LOGGED_PATH`] bytes of a client's path, cut at a character boundary: a log line
+/// stays a line.
+fn clip(path: &str) -> &str {
+    let mut end = path.len().min(LOGGED_PATH);
+    while !path.is_char_boundary(end) {
+        end = end.saturating_sub(1);
+    }
+    path.get(..end).unwrap_or_default()
+}
+
+const LOGGED_PATH: usize = 512;
+
+/// A value's text, or `?` without one.
+struct DisplayOr<T>(Option<T>);
+
+impl<T: fmt::Display> fmt::Display for DisplayOr<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(value) => value.fmt(f),
+            None => f.write_str("?"),
+        }
     }
 }
 
@@ -243,7 +314,7 @@ fn count<H: Host>(host: &mut H, metrics: &Metrics, counter: Counter) {
 fn send_local<H: Host>(host: &mut H, reply: &LocalReply) -> Result<(), Status> {
     host.send_response(
         u32::from(reply.code),
-        &[("content-type", reply.content_type)],
+        &reply.headers(),
         reply.body.as_bytes(),
     )
 }

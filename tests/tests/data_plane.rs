@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use skewgate_tests::{
     black_hole, header, kubectl, mixed_cluster, watch_until, Envoy, EnvoyOptions, PeerSpec,
-    SimApiserver,
+    SimApiserver, SimOptions,
 };
 
 const CLAIMS_V1BETA2: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims";
@@ -419,6 +419,155 @@ async fn a_configuration_that_does_not_validate_is_refused_whole() -> Result<()>
     }
     drop((a, b));
     Ok(())
+}
+
+/// A node's own apiserver restarted on another version (here, rolled back to 1.30) before the
+/// control plane re-read it: the routing table still says it serves `resource.k8s.io/v1beta2`,
+/// and its `404 page not found` for it becomes a retryable 503, never a 404 a controller would
+/// read as "gone". A missing object's Status NotFound still passes.
+#[tokio::test]
+async fn a_local_apiserver_restarted_without_a_resource_gives_503_not_404() -> Result<()> {
+    let mut a = SimApiserver::start_with(SimOptions {
+        lease: false,
+        ..SimOptions::new("apiserver-a", "k8s-1.33")
+    })
+    .await?;
+    let envoy = Envoy::start(&a, &[]).await?;
+    let url = format!("{}{CLAIMS_V1BETA2}", envoy.url());
+    assert_eq!(client().get(&url).send().await?.status(), 200);
+
+    a.restart(Some("k8s-1.30")).await?;
+    for (method, body) in [("GET", None), ("POST", Some(claim("c1")))] {
+        let mut req = client().request(method.parse()?, &url);
+        if let Some(body) = &body {
+            req = req.json(body);
+        }
+        let resp = req.send().await?;
+        assert_eq!(resp.status(), 503, "{method}");
+        assert_eq!(served_by(&resp), "apiserver-a", "{method}");
+        assert_eq!(header(&resp, "retry-after"), "5", "{method}");
+        assert_eq!(header(&resp, "content-type"), "application/json");
+        let status: Value = resp.json().await?;
+        assert_eq!(status["kind"], "Status", "{method}");
+        assert_eq!(status["reason"], "ServiceUnavailable");
+        assert_eq!(status["code"], 503);
+        assert_eq!(status["details"]["retryAfterSeconds"], 5);
+        let message = status["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(
+                "resource.k8s.io/v1beta2, Resource=resourceclaims is not served by the apiserver \
+                 that answered"
+            ),
+            "{message}"
+        );
+    }
+    // A missing object is a Status NotFound: it passes.
+    let resp = client()
+        .get(format!(
+            "{}/api/v1/namespaces/default/pods/nope",
+            envoy.url()
+        ))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 404);
+    assert_eq!(header(&resp, "content-type"), "application/json");
+    let status: Value = resp.json().await?;
+    assert_eq!(status["reason"], "NotFound");
+    // What nobody serves keeps the local 404.
+    let resp = client()
+        .get(format!("{}/apis/nope.example.com/v1/things", envoy.url()))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 404);
+    assert_eq!(resp.text().await?, "404 page not found\n");
+    assert_eq!(
+        envoy
+            .stat("wasmcustom.skewgate_not_served_404_total")
+            .await?,
+        2
+    );
+    Ok(())
+}
+
+/// A resource whose only apiserver is gone but retained by the control plane: the filter
+/// answers 503 with `Retry-After` itself and forwards nothing. The static configuration is
+/// edited on disk (each reference to the peer cluster becomes `"retained":true`, padded with
+/// blanks so the protobuf framing stays valid).
+#[tokio::test]
+async fn a_retained_resource_is_answered_503_by_the_filter() -> Result<()> {
+    let (a, b, envoy) = mixed_cluster().await?;
+    let cluster = peer_cluster(&envoy);
+    let good_dir = envoy.dir.path();
+    let dir = tempfile::tempdir()?;
+    for file in ["clusters.pb", "filter.pb", "envoy.yaml"] {
+        let bytes = std::fs::read(good_dir.join(file))?;
+        let bytes = match file {
+            "filter.pb" => {
+                let good = format!("\"peer_cluster\":\"{cluster}\"");
+                let retained = "\"retained\":true";
+                let padded = format!("{retained}{}", " ".repeat(good.len() - retained.len()));
+                let mut text = bytes.clone();
+                while let Some(edited) = replace_first(&text, good.as_bytes(), padded.as_bytes()) {
+                    text = edited;
+                }
+                assert_ne!(text, bytes, "the test must edit the configuration");
+                text
+            }
+            "envoy.yaml" => String::from_utf8(bytes)?
+                .replace(
+                    &good_dir.display().to_string(),
+                    &dir.path().display().to_string(),
+                )
+                .into_bytes(),
+            _ => bytes,
+        };
+        std::fs::write(dir.path().join(file), bytes)?;
+    }
+    let listen = skewgate_control::envoy::Address::parse_listen("127.0.0.1:0")?;
+    let mut edited = Envoy::spawn_in(dir, listen).await?;
+    edited.wait_ready().await?;
+    let resp = client()
+        .get(format!("{}{CLAIMS_V1BETA2}", edited.url()))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 503, "{}", edited.log());
+    // Answered by the filter: no apiserver saw it.
+    assert_eq!(header(&resp, "x-sim-apiserver"), "");
+    assert_eq!(header(&resp, "retry-after"), "5");
+    assert_eq!(header(&resp, "content-type"), "application/json");
+    let status: Value = resp.json().await?;
+    assert_eq!(status["reason"], "ServiceUnavailable");
+    assert_eq!(
+        status["message"],
+        "the server is currently unable to handle the request: no live apiserver serves \
+         resource.k8s.io/v1beta2, Resource=resourceclaims now; the apiserver that served it is \
+         gone or restarting (retry)"
+    );
+    // The local apiserver's resources are unaffected.
+    let resp = client()
+        .get(format!(
+            "{}/apis/apps/v1/namespaces/default/deployments",
+            edited.url()
+        ))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        edited
+            .stat("wasmcustom.skewgate_retained_unavailable_total")
+            .await?,
+        1
+    );
+    drop((a, b));
+    Ok(())
+}
+
+/// `haystack` with the first `from` replaced by `to` (same length); `None` without a `from`.
+fn replace_first(haystack: &[u8], from: &[u8], to: &[u8]) -> Option<Vec<u8>> {
+    let i = haystack.windows(from.len()).position(|w| w == from)?;
+    let mut out = haystack.to_vec();
+    out[i..i + to.len()].copy_from_slice(to);
+    Some(out)
 }
 
 /// `haystack` with the first `from` replaced by `to` (same length).

@@ -8,12 +8,17 @@
 //! - clients that accept only v2beta1 (client-go 1.26-1.29) get the merged document as v2beta1;
 //! - legacy discovery (`/apis` `APIGroupList`, `/apis/<g>`, `/apis/<g>/<v>`, `/api/v1`) is
 //!   answered from the legacy documents the control plane sent for every path where the union
-//!   differs from the local apiserver's answer; other paths go to the local apiserver.
+//!   differs from the local apiserver's answer; other paths go to the local apiserver;
+//! - the legacy group-version path of a retained group-version (no live apiserver serves it now,
+//!   one that did is gone or not re-read yet) is [`unavailable`](MergedDiscovery::unavailable):
+//!   the filter answers it 503, so legacy clients mark the group failed instead of believing it
+//!   empty or gone.
 
 use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use crate::config::DiscoveryConfig;
+use crate::group_version::GroupVersion;
 use crate::gzip;
 use crate::negotiation::{self, DiscoveryFormat};
 
@@ -163,6 +168,9 @@ pub struct MergedDiscovery {
     /// Legacy documents by path: an index into `legacy_documents`.
     legacy: HashMap<String, usize>,
     legacy_documents: Vec<Encoded>,
+    /// [`DiscoveryConfig::unavailable`]: legacy group-version paths answered 503, with the
+    /// group-version each names.
+    unavailable: HashMap<String, GroupVersion>,
 }
 
 impl MergedDiscovery {
@@ -173,12 +181,31 @@ impl MergedDiscovery {
             legacy.insert(path.clone(), legacy_documents.len());
             legacy_documents.push(Encoded::new(doc.get().to_string(), String::new()));
         }
+        let unavailable = config
+            .unavailable
+            .iter()
+            .filter_map(|path| Some((path.clone(), legacy_group_version(path)?)))
+            .collect();
         MergedDiscovery {
             apis: AggregatedDocument::new(config.apis.get(), &config.apis_etag),
             api: AggregatedDocument::new(config.api.get(), &config.api_etag),
             legacy,
             legacy_documents,
+            unavailable,
         }
+    }
+
+    /// A `GET` or `HEAD` of exactly a retained group-version's legacy discovery path (the
+    /// query aside): the group-version it names, which no live apiserver serves now. The
+    /// filter answers it 503 itself.
+    pub fn unavailable(&self, method: &str, path_and_query: &str) -> Option<&GroupVersion> {
+        if self.unavailable.is_empty() || !matches!(method, "GET" | "HEAD") {
+            return None;
+        }
+        let path = path_and_query
+            .split_once('?')
+            .map_or(path_and_query, |(p, _)| p);
+        self.unavailable.get(path)
     }
 
     /// Decide for one request. `path_and_query` is Envoy's `:path`. The same as
@@ -310,6 +337,17 @@ impl MergedDiscovery {
 
 fn negotiated_type(format: DiscoveryFormat) -> &'static str {
     negotiation::aggregated_content_type(format)
+}
+
+/// The group-version of a legacy group-version path (`/apis/<g>/<v>`, `/api/<v>`), as
+/// [`DiscoveryConfig::validate`] admits them.
+fn legacy_group_version(path: &str) -> Option<GroupVersion> {
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    match segments.as_slice() {
+        ["apis", group, version] => Some(GroupVersion::new(*group, *version)),
+        ["api", version] => Some(GroupVersion::new("", *version)),
+        _ => None,
+    }
 }
 
 /// Discovery paths the local apiserver answers when we have nothing better.
@@ -533,6 +571,52 @@ mod tests {
             assert_eq!(got, want, "{method} {path} accept={accept} inm={inm:?}");
             assert_eq!(why, reason, "{method} {path} accept={accept}");
         }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn retained_legacy_group_version_paths_are_unavailable() {
+        let config = DiscoveryConfig {
+            unavailable: ["/apis/resource.k8s.io/v1beta3", "/api/v2"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            apis: JsonDocument::from_str(APIS).unwrap(),
+            apis_etag: "aaa".into(),
+            api: JsonDocument::from_str(API).unwrap(),
+            api_etag: "bbb".into(),
+            legacy: BTreeMap::new(),
+        };
+        config.validate().unwrap();
+        let retained = MergedDiscovery::compile(&config);
+        let claims = GroupVersion::new("resource.k8s.io", "v1beta3");
+        let core = GroupVersion::new("", "v2");
+        // (method, path, unavailable group-version)
+        let cases: Vec<(&str, &str, Option<&GroupVersion>)> = vec![
+            ("GET", "/apis/resource.k8s.io/v1beta3", Some(&claims)),
+            ("HEAD", "/apis/resource.k8s.io/v1beta3", Some(&claims)),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta3?timeout=32s",
+                Some(&claims),
+            ),
+            ("GET", "/api/v2", Some(&core)),
+            // Other methods, paths and group-versions are not ours to answer.
+            ("POST", "/apis/resource.k8s.io/v1beta3", None),
+            ("GET", "/apis/resource.k8s.io/v1beta3/", None),
+            ("GET", "/apis/resource.k8s.io/v1beta3/resourceclaims", None),
+            ("GET", "/apis/resource.k8s.io", None),
+            ("GET", "/apis/resource.k8s.io/v1beta2", None),
+            ("GET", "/apis", None),
+            ("GET", "/api/v1", None),
+        ];
+        for (method, path, want) in cases {
+            assert_eq!(retained.unavailable(method, path), want, "{method} {path}");
+        }
+        assert_eq!(
+            merged().unavailable("GET", "/apis/resource.k8s.io/v1beta3"),
+            None
+        );
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]

@@ -64,6 +64,37 @@ pub fn rewrite(routed: RoutedTo<'_>, code: u16, details: &str) -> Option<Rewrite
     }
 }
 
+/// An apiserver's answer that it does not serve the path at all: kube's `404 page not found`,
+/// Go's `http.NotFound` with `Content-Type: text/plain; charset=utf-8`. A missing *object* is a
+/// `metav1.Status` NotFound instead (JSON, protobuf or YAML), and passes. `details` is Envoy's
+/// `response.code_details`: the answer must come from the upstream (or be unknown: a retryable
+/// 503 is safer than a false 404); Envoy's own replies go through [`rewrite`].
+pub fn is_page_not_found(code: u16, details: &str, content_type: Option<&[u8]>) -> bool {
+    code == 404
+        && (details == VIA_UPSTREAM || details.is_empty())
+        && content_type.is_some_and(|value| {
+            value
+                .trim_ascii_start()
+                .get(..TEXT_PLAIN.len())
+                .is_some_and(|media| media.eq_ignore_ascii_case(TEXT_PLAIN))
+        })
+}
+
+const TEXT_PLAIN: &[u8] = b"text/plain";
+
+/// The 503 for an apiserver that answered `404 page not found` for `target`, which the routing
+/// table says it serves: our view of it is out of date (it restarted on another version), so
+/// the client retries rather than read "gone".
+pub fn not_served(target: &str) -> Rewrite {
+    Rewrite {
+        code: 503,
+        body: status::unavailable(&format!(
+            "{target} is not served by the apiserver that answered, which has probably just \
+             restarted (retry)"
+        )),
+    }
+}
+
 fn never_connected(details: &str) -> bool {
     details.contains("connection_failure") || details.contains("no_healthy_upstream")
 }
@@ -123,6 +154,52 @@ mod tests {
                 assert_eq!(v["reason"], status::reason_for(r.code));
             }
         }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn tells_page_not_found_from_a_missing_object() {
+        let plain = Some(&b"text/plain; charset=utf-8"[..]);
+        // (code, details, content type, page not found)
+        let cases: Vec<(u16, &str, Option<&[u8]>, bool)> = vec![
+            (404, VIA_UPSTREAM, plain, true),
+            (404, VIA_UPSTREAM, Some(b"Text/Plain"), true),
+            (404, VIA_UPSTREAM, Some(b" text/plain;charset=utf-8"), true),
+            (404, "", plain, true),
+            // A Status NotFound for a missing object, in any of kube's encodings.
+            (404, VIA_UPSTREAM, Some(b"application/json"), false),
+            (
+                404,
+                VIA_UPSTREAM,
+                Some(b"application/vnd.kubernetes.protobuf"),
+                false,
+            ),
+            (404, VIA_UPSTREAM, Some(b"application/yaml"), false),
+            (404, VIA_UPSTREAM, None, false),
+            (404, VIA_UPSTREAM, Some(b"text/pla"), false),
+            (404, VIA_UPSTREAM, Some(b"text/html"), false),
+            // Not a 404, or Envoy's own reply (mapped by `rewrite`).
+            (200, VIA_UPSTREAM, plain, false),
+            (410, VIA_UPSTREAM, plain, false),
+            (404, "route_not_found", plain, false),
+        ];
+        for (code, details, content_type, want) in cases {
+            assert_eq!(
+                is_page_not_found(code, details, content_type),
+                want,
+                "{code} {details} {content_type:?}"
+            );
+        }
+        let r = not_served("g/v, Resource=r");
+        assert_eq!(r.code, 503);
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(v["reason"], "ServiceUnavailable");
+        assert_eq!(v["details"]["retryAfterSeconds"], 5);
+        assert_eq!(
+            v["message"],
+            "the server is currently unable to handle the request: g/v, Resource=r is not served \
+             by the apiserver that answered, which has probably just restarted (retry)"
+        );
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]

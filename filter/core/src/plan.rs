@@ -3,21 +3,25 @@
 //!
 //! [`plan_request`] takes what the filter reads when the request headers arrive (the headers,
 //! the client certificate's subject) and the compiled configuration, and returns a
-//! [`RequestPlan`]: answer here, or forward with these header changes to that cluster, keeping
-//! a [`ResponsePlan`] for the answer. [`ResponsePlan::decide`] does the same for the response:
-//! pass it, replace it with the merged discovery answer, or replace Envoy's own reply with a
-//! Status. The proxy-wasm shell only reads what these functions need, applies what they return,
-//! and counts; it decides nothing.
+//! [`RequestPlan`]: answer here (401 for an unmappable certificate, 503 for what no live
+//! apiserver is known to serve now), or forward with these header changes to that cluster,
+//! keeping a [`ResponsePlan`] for the answer. [`ResponsePlan::decide`] does the same for the
+//! response: pass it, replace it with the merged discovery answer, replace Envoy's own reply with
+//! a Status, or make an apiserver's `404 page not found` for what it should serve a 503. The
+//! proxy-wasm shell only reads what these functions need, applies what they return, and counts;
+//! it decides nothing.
 
 use std::borrow::Cow;
+use std::fmt;
 
 use crate::config::{FilterConfig, UpstreamAuth, LOCAL_CLUSTER};
 use crate::discovery::{DiscoveryChoice, DiscoveryHeaders, MergedDiscovery, PassReason};
+use crate::group_version::GroupVersion;
 use crate::hygiene::{self, PEER_PROXIED, REQUEST_CLASS, SHORT_REQUEST, UPSTREAM_CLUSTER};
 use crate::identity::{self, ClientIdentity, IdentityError};
 use crate::local_reply::{self, RoutedTo};
 use crate::request_info::RequestInfo;
-use crate::routing::{Decision, RoutingTable, Upstream};
+use crate::routing::{Decision, Reason, RoutingTable, Upstream};
 use crate::status;
 
 /// One accepted configuration, compiled for request time and shared by every request.
@@ -61,6 +65,15 @@ pub enum Counter {
     Rerouted,
     /// A peer-bound request Envoy could not complete (answered 503).
     PeerProxyError,
+    /// A request for a retained resource, or for a retained group-version's legacy discovery
+    /// path, answered 503 by the filter (no live apiserver serves it now).
+    Retained,
+    /// A request no known apiserver serves, answered 503 by the filter while a live peer's
+    /// discovery is not known yet.
+    PeerDiscoveryPending,
+    /// An apiserver answered `404 page not found` for what the routing table says it serves
+    /// (our view of it is out of date): answered 503 instead.
+    NotServed,
 }
 
 /// A reply the filter sends itself, instead of forwarding.
@@ -68,6 +81,8 @@ pub enum Counter {
 pub struct LocalReply {
     pub code: u16,
     pub content_type: &'static str,
+    /// The `Retry-After` header (seconds), for a 503 the client should retry.
+    pub retry_after: Option<&'static str>,
     /// A `metav1.Status` document.
     pub body: String,
 }
@@ -77,8 +92,28 @@ impl LocalReply {
         LocalReply {
             code,
             content_type: status::CONTENT_TYPE,
+            retry_after: None,
             body: status::failure(code, message),
         }
+    }
+
+    /// 503 `ServiceUnavailable` with `Retry-After` ([`status::unavailable`]).
+    fn unavailable(message: &str) -> Self {
+        LocalReply {
+            code: 503,
+            content_type: status::CONTENT_TYPE,
+            retry_after: Some(status::RETRY_AFTER),
+            body: status::unavailable(message),
+        }
+    }
+
+    /// The reply's headers: `content-type`, and `retry-after` when set.
+    pub fn headers(&self) -> Vec<(&'static str, &'static str)> {
+        let mut headers = vec![("content-type", self.content_type)];
+        if let Some(seconds) = self.retry_after {
+            headers.push(("retry-after", seconds));
+        }
+        headers
     }
 
     /// The reply when the host failed us mid-request: a request we could not sanitise must not
@@ -141,6 +176,30 @@ pub enum RequestPlan<'a> {
         error: IdentityError,
         reply: LocalReply,
     },
+    /// No live apiserver is known to serve what the request asks for now, but one may: answer
+    /// 503 with `Retry-After` and forward nothing (a retryable 503 is always safer than a
+    /// false 404).
+    Unavailable {
+        /// Envoy's `:method` and `:path` (lossy UTF-8), for logs.
+        method: Cow<'a, str>,
+        path: Cow<'a, str>,
+        cause: Unavailable,
+        reply: LocalReply,
+        counter: Counter,
+    },
+}
+
+/// Why the filter answers a request 503 itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// A retained resource or subresource ([`Reason::Retained`]).
+    Retained,
+    /// Served by no known apiserver while a live peer's discovery is not known yet
+    /// ([`Reason::PeerDiscoveryPending`]).
+    PeerDiscoveryPending,
+    /// The legacy discovery path of a retained group-version
+    /// ([`MergedDiscovery::unavailable`]).
+    RetainedDiscovery,
 }
 
 /// A request to forward.
@@ -261,6 +320,19 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
     // document, and only an authorized answer is replaced by the merged one.
     let mut counters = Vec::new();
     if let Some(discovery) = &compiled.discovery {
+        if let Some(gv) = discovery.unavailable(&method, &path) {
+            let reply = LocalReply::unavailable(&format!(
+                "no live apiserver serves {gv} now; the apiserver that served it is gone or \
+                 restarting (retry)"
+            ));
+            return RequestPlan::Unavailable {
+                method,
+                path,
+                cause: Unavailable::RetainedDiscovery,
+                reply,
+                counter: Counter::Retained,
+            };
+        }
         let discovery_headers = DiscoveryHeaders {
             accept: first(headers, "accept"),
             if_none_match: first(headers, "if-none-match"),
@@ -284,7 +356,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
                 counters,
                 response: ResponsePlan {
                     discovery: Some(choice),
-                    peer_target: None,
+                    served: None,
                 },
             });
         }
@@ -296,13 +368,20 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
         Some(info) if !info.is_long_running() => RequestClass::Short,
         _ => RequestClass::Unbounded,
     };
-    let (base, peer_target) = match decision.upstream {
-        Upstream::Local => (LOCAL_CLUSTER, None),
+    let (base, by) = match decision.upstream {
+        Upstream::Local => {
+            let by = (decision.reason == Reason::ServedLocally).then_some(ServedBy::Local);
+            (LOCAL_CLUSTER, by)
+        }
         Upstream::Peer { cluster } => {
             counters.push(Counter::Rerouted);
-            (cluster, info.map(peer_target))
+            (cluster, Some(ServedBy::Peer))
+        }
+        Upstream::Unavailable => {
+            return unavailable(method, path, info, decision.reason, &compiled.table);
         }
     };
+    let served = by.zip(info).map(|(by, info)| Served::new(by, info));
     RequestPlan::Forward(Forward {
         method,
         path,
@@ -314,32 +393,126 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
         counters,
         response: ResponsePlan {
             discovery: None,
-            peer_target,
+            served,
         },
     })
 }
 
-/// What a peer-bound request asked for, as kube names it in messages
-/// (`resource.k8s.io/v1beta2, Resource=resourceclaims`).
-fn peer_target(info: RequestInfo) -> String {
-    let gv = crate::group_version::GroupVersion::new(info.api_group, info.api_version);
-    let resource = if info.subresource.is_empty() {
-        info.resource
-    } else {
-        format!("{}/{}", info.resource, info.subresource)
+/// The 503 for a request the routing table sends nowhere ([`Upstream::Unavailable`]).
+fn unavailable<'a>(
+    method: Cow<'a, str>,
+    path: Cow<'a, str>,
+    info: Option<RequestInfo>,
+    reason: Reason,
+    table: &RoutingTable,
+) -> RequestPlan<'a> {
+    // Only resource requests are sent nowhere, so `info` is there; the path says it otherwise.
+    let target = info.map_or_else(|| path.to_string(), |info| Target::of(info).to_string());
+    let (cause, counter, message) = match reason {
+        Reason::PeerDiscoveryPending => (
+            Unavailable::PeerDiscoveryPending,
+            Counter::PeerDiscoveryPending,
+            format!(
+                "no known apiserver serves {target}, and the discovery of peer apiserver(s) {} \
+                 is not known yet (retry)",
+                table.pending_peers().join(", ")
+            ),
+        ),
+        _ => (
+            Unavailable::Retained,
+            Counter::Retained,
+            format!(
+                "no live apiserver serves {target} now; the apiserver that served it is gone or \
+                 restarting (retry)"
+            ),
+        ),
     };
-    format!("{gv}, Resource={resource}")
+    RequestPlan::Unavailable {
+        method,
+        path,
+        cause,
+        reply: LocalReply::unavailable(&message),
+        counter,
+    }
 }
 
-/// What the response phase needs of a forwarded request. The default is a local request with
-/// nothing pending.
+/// What a resource request asked for, as kube names it in messages
+/// (`resource.k8s.io/v1beta2, Resource=resourceclaims`, [`Display`](fmt::Display)). Its strings
+/// are moved out of the request's [`RequestInfo`]; the text is formatted only for a message.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Target {
+    pub group_version: GroupVersion,
+    pub resource: String,
+    /// Empty for the resource itself.
+    pub subresource: String,
+}
+
+impl Target {
+    pub fn of(info: RequestInfo) -> Self {
+        Target {
+            group_version: GroupVersion::new(info.api_group, info.api_version),
+            resource: info.resource,
+            subresource: info.subresource,
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}, Resource={}", self.group_version, self.resource)?;
+        if !self.subresource.is_empty() {
+            write!(f, "/{}", self.subresource)?;
+        }
+        Ok(())
+    }
+}
+
+/// Which apiserver the routing table says serves a forwarded request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServedBy {
+    /// [`Reason::ServedLocally`].
+    Local,
+    /// [`Reason::ServedByPeer`].
+    Peer,
+}
+
+/// A request routed to an apiserver the routing table says serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    pub by: ServedBy,
+    pub target: Target,
+    /// Its answer may come from behind the apiserver (the `proxy` verb; the `proxy`, `exec`,
+    /// `attach`, `log` and `portforward` subresources): a `404 page not found` there may be
+    /// the pod's or the kubelet's, not the apiserver's.
+    pub relayed: bool,
+}
+
+impl Served {
+    fn new(by: ServedBy, info: RequestInfo) -> Self {
+        let relayed = info.verb == "proxy"
+            || matches!(
+                info.subresource.as_str(),
+                "proxy" | "exec" | "attach" | "log" | "portforward"
+            );
+        Served {
+            by,
+            target: Target::of(info),
+            relayed,
+        }
+    }
+}
+
+/// What the response phase needs of a forwarded request. The default is a request nobody is
+/// known to serve, with nothing pending.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ResponsePlan {
     /// A discovery request answered from the merged documents if the local apiserver lets the
     /// client read discovery at all: the negotiated answer.
     pub discovery: Option<DiscoveryChoice>,
-    /// What a peer-bound request asked for, for the 503 message; `None` when routed locally.
-    pub peer_target: Option<String>,
+    /// A resource request routed to an apiserver that serves it (served locally, or by a
+    /// peer): for the 503 messages, and the 404 safety net. `None` for every other route
+    /// (shared storage, served by nobody, non-resource, unparseable, discovery).
+    pub served: Option<Served>,
 }
 
 /// What replaces the response body.
@@ -373,6 +546,10 @@ pub enum ReplaceCause {
     /// Envoy replied `envoy_code` itself; the client gets a Status with `code` (503 for a peer
     /// that could not answer).
     EnvoyReply { envoy_code: u16, code: u16 },
+    /// The apiserver answered `404 page not found` for what the routing table says it
+    /// serves: our view of it is out of date (it restarted on another version), so the
+    /// client gets a 503 with `Retry-After` to retry, not a 404 to read as "gone".
+    NotServed { by: ServedBy },
 }
 
 /// A response to replace.
@@ -406,6 +583,15 @@ impl ResponsePlan {
         code >= 400 && !self.answers_discovery(code)
     }
 
+    /// Whether [`decide`](Self::decide) needs the response's `content-type` (the shell reads
+    /// it only then): a 404 for a request routed to an apiserver that serves it, which may be
+    /// that apiserver's `404 page not found` (the 404 safety net).
+    pub fn needs_content_type(&self, code: u16, details: &str) -> bool {
+        code == 404
+            && (details == local_reply::VIA_UPSTREAM || details.is_empty())
+            && self.served.as_ref().is_some_and(|served| !served.relayed)
+    }
+
     /// The local apiserver authorized a discovery request we answer: 200, or 404 for a legacy
     /// path it does not serve itself (kube authorizes before routing). 401, 403 and the rest:
     /// the apiserver's own answer stands.
@@ -413,14 +599,17 @@ impl ResponsePlan {
         self.discovery.is_some() && (code == 200 || code == 404)
     }
 
-    /// Step 9: answer an authorized discovery request with the merged document, give Envoy's
-    /// own replies a Status body, and make an unreachable peer a 503. `details` is Envoy's
-    /// `response.code_details`, empty when not read.
+    /// Step 9: answer an authorized discovery request with the merged document, make an
+    /// apiserver's `404 page not found` for what it serves a 503, give Envoy's own replies a
+    /// Status body, and make an unreachable peer a 503. `details` is Envoy's
+    /// `response.code_details`, empty when not read; `content_type` the response's, read only
+    /// when [`needs_content_type`](Self::needs_content_type).
     pub fn decide<'c>(
         &self,
         compiled: &'c CompiledConfig,
         code: u16,
         details: &str,
+        content_type: Option<&[u8]>,
     ) -> ResponseDecision<'c> {
         if let Some(replacement) = self.discovery_answer(compiled, code) {
             return ResponseDecision::Replace(replacement);
@@ -428,7 +617,21 @@ impl ResponsePlan {
         if code < 400 {
             return ResponseDecision::Pass;
         }
-        let routed = match &self.peer_target {
+        if let Some(replacement) = self.not_served(code, details, content_type) {
+            return ResponseDecision::Replace(replacement);
+        }
+        // Formatted only for a reply Envoy made for a peer-bound request.
+        let peer_target = match &self.served {
+            Some(Served {
+                by: ServedBy::Peer,
+                target,
+                ..
+            }) if !details.is_empty() && details != local_reply::VIA_UPSTREAM => {
+                Some(target.to_string())
+            }
+            _ => None,
+        };
+        let routed = match &peer_target {
             Some(target) => RoutedTo::Peer { target },
             None => RoutedTo::Local,
         };
@@ -446,10 +649,36 @@ impl ResponsePlan {
                 HeaderOp::Remove("content-length"),
             ],
             body: ReplacementBody::Status(rewrite.body),
-            counter: self
-                .peer_target
-                .is_some()
-                .then_some(Counter::PeerProxyError),
+            counter: peer_target.is_some().then_some(Counter::PeerProxyError),
+        })
+    }
+
+    /// The 404 safety net: an apiserver the routing table says serves the request answered
+    /// `404 page not found`.
+    fn not_served<'c>(
+        &self,
+        code: u16,
+        details: &str,
+        content_type: Option<&[u8]>,
+    ) -> Option<Replacement<'c>> {
+        let served = self.served.as_ref()?;
+        if !self.needs_content_type(code, details)
+            || !local_reply::is_page_not_found(code, details, content_type)
+        {
+            return None;
+        }
+        let rewrite = local_reply::not_served(&served.target.to_string());
+        Some(Replacement {
+            cause: ReplaceCause::NotServed { by: served.by },
+            headers: vec![
+                HeaderOp::Set(":status", Cow::Owned(rewrite.code.to_string())),
+                HeaderOp::Set("content-type", Cow::Borrowed(status::CONTENT_TYPE)),
+                HeaderOp::Remove("content-length"),
+                HeaderOp::Remove("content-encoding"),
+                HeaderOp::Set("retry-after", Cow::Borrowed(status::RETRY_AFTER)),
+            ],
+            body: ReplacementBody::Status(rewrite.body),
+            counter: Some(Counter::NotServed),
         })
     }
 
@@ -574,7 +803,7 @@ mod tests {
     fn plans_auth_cluster_class_and_route() {
         let c = compiled(true);
         let token: &[(&str, &[u8])] = &[("authorization", b"Bearer \xff")];
-        // (method, path, headers, subject, auth, cluster, class, peer target, counters)
+        // (method, path, headers, subject, auth, cluster, class, served by, counters)
         type Case<'a> = (
             &'a str,
             &'a str,
@@ -583,7 +812,7 @@ mod tests {
             UpstreamAuth,
             &'a str,
             RequestClass,
-            Option<&'a str>,
+            Option<(ServedBy, &'a str)>,
             Vec<Counter>,
         );
         let cases: Vec<Case> = vec![
@@ -595,7 +824,7 @@ mod tests {
                 UpstreamAuth::Token,
                 "skewgate-local-token",
                 RequestClass::Short,
-                None,
+                Some((ServedBy::Local, "v1, Resource=pods")),
                 vec![],
             ),
             (
@@ -606,7 +835,10 @@ mod tests {
                 UpstreamAuth::Anonymous,
                 "p133-anonymous",
                 RequestClass::Short,
-                Some("resource.k8s.io/v1beta2, Resource=resourceclaims"),
+                Some((
+                    ServedBy::Peer,
+                    "resource.k8s.io/v1beta2, Resource=resourceclaims",
+                )),
                 vec![Counter::Rerouted],
             ),
             (
@@ -617,7 +849,7 @@ mod tests {
                 UpstreamAuth::ProxyIdentity,
                 "p133-identity",
                 RequestClass::Short,
-                Some("v1, Resource=pods/resize"),
+                Some((ServedBy::Peer, "v1, Resource=pods/resize")),
                 vec![Counter::Rerouted],
             ),
             (
@@ -628,7 +860,7 @@ mod tests {
                 UpstreamAuth::Anonymous,
                 "skewgate-local-anonymous",
                 RequestClass::Unbounded,
-                None,
+                Some((ServedBy::Local, "v1, Resource=pods")),
                 vec![],
             ),
             // Unparseable: the local apiserver answers it, unbounded as without us.
@@ -655,13 +887,16 @@ mod tests {
                 vec![Counter::DiscoveryCacheMiss],
             ),
         ];
-        for (method, path, extra, subject, auth, cluster, class, target, counters) in cases {
+        for (method, path, extra, subject, auth, cluster, class, served, counters) in cases {
             let h = headers(method, path, extra);
             let f = forward(plan_request(&h, subject, &c));
             assert_eq!(f.auth.upstream(), auth, "{path}");
             assert_eq!(f.cluster, cluster, "{path}");
             assert_eq!(f.class, class, "{path}");
-            assert_eq!(f.response.peer_target.as_deref(), target, "{path}");
+            let got = f.response.served.as_ref();
+            let got = got.map(|s| (s.by, s.target.to_string()));
+            let want = served.map(|(by, target)| (by, target.to_string()));
+            assert_eq!(got, want, "{path}");
             assert_eq!(f.response.discovery, None, "{path}");
             assert_eq!(f.counters, counters, "{path}");
             assert!(matches!(f.route, Route::Table(_)), "{path}");
@@ -751,7 +986,7 @@ mod tests {
         assert_eq!(f.class, RequestClass::Short);
         assert_eq!(f.cluster, "skewgate-local-token");
         assert!(f.counters.is_empty());
-        assert!(f.response.peer_target.is_none());
+        assert!(f.response.served.is_none());
         assert!(f.response.discovery.is_some());
         assert_eq!(
             f.header_ops(),
@@ -777,7 +1012,8 @@ mod tests {
             (503, false, true),
         ] {
             assert_eq!(plan.needs_details(code), needs_details, "{code}");
-            let decision = plan.decide(&c, code, "via_upstream");
+            assert!(!plan.needs_content_type(code, "via_upstream"), "{code}");
+            let decision = plan.decide(&c, code, "via_upstream", Some(b"text/plain"));
             match decision {
                 ResponseDecision::Replace(r) if replaced => {
                     assert_eq!(r.cause, ReplaceCause::MergedDiscovery);
@@ -816,14 +1052,26 @@ mod tests {
         let c = compiled(true);
         let peer = ResponsePlan {
             discovery: None,
-            peer_target: Some("g/v, Resource=r".into()),
+            served: Some(Served {
+                by: ServedBy::Peer,
+                target: Target {
+                    group_version: GroupVersion::new("g", "v"),
+                    resource: "r".into(),
+                    subresource: String::new(),
+                },
+                relayed: false,
+            }),
         };
         let local = ResponsePlan::default();
         assert!(peer.needs_details(503) && !peer.needs_details(200));
-        assert_eq!(peer.decide(&c, 200, ""), ResponseDecision::Pass);
-        assert_eq!(peer.decide(&c, 503, "via_upstream"), ResponseDecision::Pass);
-        assert_eq!(peer.decide(&c, 503, ""), ResponseDecision::Pass);
-        let ResponseDecision::Replace(r) = peer.decide(&c, 504, "upstream_response_timeout") else {
+        assert_eq!(peer.decide(&c, 200, "", None), ResponseDecision::Pass);
+        assert_eq!(
+            peer.decide(&c, 503, "via_upstream", None),
+            ResponseDecision::Pass
+        );
+        assert_eq!(peer.decide(&c, 503, "", None), ResponseDecision::Pass);
+        let ResponseDecision::Replace(r) = peer.decide(&c, 504, "upstream_response_timeout", None)
+        else {
             panic!("not replaced")
         };
         assert_eq!(
@@ -844,7 +1092,7 @@ mod tests {
         );
         let body = String::from_utf8(r.body.bytes(&c).to_vec()).unwrap();
         assert!(body.contains("g/v, Resource=r did not answer"), "{body}");
-        let ResponseDecision::Replace(r) = local.decide(&c, 504, "upstream_response_timeout")
+        let ResponseDecision::Replace(r) = local.decide(&c, 504, "upstream_response_timeout", None)
         else {
             panic!("not replaced")
         };
@@ -856,6 +1104,364 @@ mod tests {
             }
         );
         assert_eq!(r.counter, None);
+    }
+
+    /// A local apiserver that lost `pods/resize` and `resource.k8s.io/v1beta3` (retained: the
+    /// apiserver that served them is gone), with a peer serving `v1beta2`, and `pending` peers
+    /// whose discovery is not known yet.
+    fn failsafe(pending: &[&str]) -> CompiledConfig {
+        let route = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
+            retained: false,
+            resource: resource.into(),
+            local,
+            peer_cluster: peer.map(str::to_string),
+        };
+        let retained = |resource: &str| ResourceRoute {
+            retained: true,
+            ..route(resource, false, None)
+        };
+        let gv = |group: &str, version: &str, resources| GroupVersionRoutes {
+            group: group.into(),
+            version: version.into(),
+            shared_storage: false,
+            resources,
+        };
+        let config = FilterConfig {
+            pending_peers: pending.iter().map(|p| p.to_string()).collect(),
+            schema: SCHEMA_VERSION,
+            local_apiserver: "apiserver-a".into(),
+            peer_clusters: BTreeMap::from([("p133".to_string(), vec!["b".to_string()])]),
+            group_versions: vec![
+                gv(
+                    "",
+                    "v1",
+                    vec![route("pods", true, None), retained("pods/resize")],
+                ),
+                gv(
+                    "resource.k8s.io",
+                    "v1beta2",
+                    vec![route("resourceclaims", false, Some("p133"))],
+                ),
+                gv(
+                    "resource.k8s.io",
+                    "v1beta3",
+                    vec![retained("resourceclaims")],
+                ),
+                GroupVersionRoutes {
+                    group: "stable.example.com".into(),
+                    version: "v1".into(),
+                    shared_storage: true,
+                    resources: vec![],
+                },
+            ],
+            discovery: Some(DiscoveryConfig {
+                unavailable: ["/apis/resource.k8s.io/v1beta3".to_string()].into(),
+                apis: JsonDocument::from_str(APIS).unwrap(),
+                apis_etag: "aaa".into(),
+                api: JsonDocument::from_str(APIS).unwrap(),
+                api_etag: "bbb".into(),
+                legacy: BTreeMap::new(),
+            }),
+        };
+        config.validate().unwrap();
+        CompiledConfig::compile(&config)
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn what_no_live_apiserver_serves_now_is_answered_503_here() {
+        const RETAINED: &str = "no live apiserver serves resource.k8s.io/v1beta3, Resource=resourceclaims now; the apiserver that served it is gone or restarting (retry)";
+        const RESIZE_RETAINED: &str = "no live apiserver serves v1, Resource=pods/resize now; the apiserver that served it is gone or restarting (retry)";
+        const LEGACY: &str = "no live apiserver serves resource.k8s.io/v1beta3 now; the apiserver that served it is gone or restarting (retry)";
+        const PENDING: &str = "no known apiserver serves nope.example.com/v1, Resource=things, and the discovery of peer apiserver(s) apiserver-c, apiserver-d is not known yet (retry)";
+        const PENDING_CORE: &str = "no known apiserver serves v1, Resource=widgets, and the discovery of peer apiserver(s) apiserver-c, apiserver-d is not known yet (retry)";
+        use Unavailable::*;
+        // (method, path, with pending peers, the 503's cause and message; None: forwarded)
+        type Case<'a> = (&'a str, &'a str, bool, Option<(Unavailable, &'a str)>);
+        let claim3 = "/apis/resource.k8s.io/v1beta3/namespaces/d/resourceclaims/c";
+        let cases: Vec<Case> = vec![
+            ("GET", claim3, false, Some((Retained, RETAINED))),
+            ("DELETE", claim3, true, Some((Retained, RETAINED))),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta3/resourceclaims?watch=true",
+                false,
+                Some((Retained, RETAINED)),
+            ),
+            // A retained subresource of a served resource: the subresource decides.
+            ("PATCH", RESIZE, false, Some((Retained, RESIZE_RETAINED))),
+            ("GET", "/api/v1/namespaces/default/pods/web", false, None),
+            // The retained group-version's legacy discovery, GET or HEAD, query aside.
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta3",
+                false,
+                Some((RetainedDiscovery, LEGACY)),
+            ),
+            (
+                "HEAD",
+                "/apis/resource.k8s.io/v1beta3?timeout=32s",
+                false,
+                Some((RetainedDiscovery, LEGACY)),
+            ),
+            ("POST", "/apis/resource.k8s.io/v1beta3", false, None),
+            ("GET", "/apis/resource.k8s.io/v1beta2", false, None),
+            ("GET", "/apis/resource.k8s.io", false, None),
+            // Served by nobody known: the local 404, unless a peer's discovery is pending.
+            ("GET", "/apis/nope.example.com/v1/things", false, None),
+            (
+                "GET",
+                "/apis/nope.example.com/v1/things",
+                true,
+                Some((PeerDiscoveryPending, PENDING)),
+            ),
+            (
+                "POST",
+                "/api/v1/namespaces/d/widgets",
+                true,
+                Some((PeerDiscoveryPending, PENDING_CORE)),
+            ),
+            // Served somewhere, shared storage, non-resource, unparseable: pending or not.
+            ("GET", "/api/v1/pods", true, None),
+            ("GET", CLAIM, true, None),
+            ("GET", "/apis/stable.example.com/v1/widgets", true, None),
+            ("GET", "/healthz", true, None),
+            ("GET", "/apis/nope.example.com/v1", true, None),
+            ("GET", "/api/v1/namespaces/%zz/pods", true, None),
+        ];
+        let settled = failsafe(&[]);
+        let pending = failsafe(&["apiserver-c", "apiserver-d"]);
+        for (method, path, with_pending, want) in cases {
+            let c = if with_pending { &pending } else { &settled };
+            let h = headers(method, path, &[("authorization", b"Bearer x")]);
+            let name = format!("{method} {path} (pending peers: {with_pending})");
+            match (plan_request(&h, None, c), want) {
+                (RequestPlan::Forward(f), None) => {
+                    let ours = [Counter::Retained, Counter::PeerDiscoveryPending];
+                    assert!(
+                        !f.counters.iter().any(|c| ours.contains(c)),
+                        "{name}: {:?}",
+                        f.counters
+                    );
+                }
+                (
+                    RequestPlan::Unavailable {
+                        method: m,
+                        path: p,
+                        cause,
+                        reply,
+                        counter,
+                    },
+                    Some((want_cause, message)),
+                ) => {
+                    assert_eq!((m.as_ref(), p.as_ref()), (method, path), "{name}");
+                    assert_eq!(cause, want_cause, "{name}");
+                    let want_counter = match cause {
+                        PeerDiscoveryPending => Counter::PeerDiscoveryPending,
+                        Retained | RetainedDiscovery => Counter::Retained,
+                    };
+                    assert_eq!(counter, want_counter, "{name}");
+                    assert_eq!(reply.code, 503, "{name}");
+                    assert_eq!(
+                        reply.headers(),
+                        [("content-type", "application/json"), ("retry-after", "5")],
+                        "{name}"
+                    );
+                    assert_eq!(
+                        reply.body,
+                        status::unavailable(message),
+                        "{name}: {}",
+                        reply.body
+                    );
+                }
+                (other, want) => panic!("{name}: {other:?}, wanted {want:?}"),
+            }
+        }
+        // The other local replies carry no Retry-After.
+        assert_eq!(
+            LocalReply::host_failure().headers(),
+            [("content-type", "application/json")]
+        );
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn a_page_not_found_from_an_apiserver_that_serves_the_request_is_a_503() {
+        let c = failsafe(&[]);
+        let plain: Option<&[u8]> = Some(b"text/plain; charset=utf-8");
+        let json: Option<&[u8]> = Some(b"application/json");
+        let protobuf: Option<&[u8]> = Some(b"application/vnd.kubernetes.protobuf");
+        let upstream = local_reply::VIA_UPSTREAM;
+        // (path, code, details, content type, reads the content type, 503 message target)
+        type Case<'a> = (
+            &'a str,
+            u16,
+            &'a str,
+            Option<&'a [u8]>,
+            bool,
+            Option<&'a str>,
+        );
+        let cases: Vec<Case> = vec![
+            // Served locally or by a peer: kube's `404 page not found` is a stale view.
+            (
+                "/api/v1/namespaces/d/pods/web",
+                404,
+                upstream,
+                plain,
+                true,
+                Some("v1, Resource=pods"),
+            ),
+            (
+                "/api/v1/namespaces/d/pods/web/status",
+                404,
+                "",
+                plain,
+                true,
+                Some("v1, Resource=pods/status"),
+            ),
+            (
+                CLAIM,
+                404,
+                upstream,
+                plain,
+                true,
+                Some("resource.k8s.io/v1beta2, Resource=resourceclaims"),
+            ),
+            // A Status NotFound is a missing object: it passes, in any encoding.
+            (
+                "/api/v1/namespaces/d/pods/web",
+                404,
+                upstream,
+                json,
+                true,
+                None,
+            ),
+            (CLAIM, 404, upstream, protobuf, true, None),
+            (
+                "/api/v1/namespaces/d/pods/web",
+                404,
+                upstream,
+                None,
+                true,
+                None,
+            ),
+            // Other codes are not read for this.
+            (
+                "/api/v1/namespaces/d/pods/web",
+                200,
+                upstream,
+                plain,
+                false,
+                None,
+            ),
+            (
+                "/api/v1/namespaces/d/pods/web",
+                410,
+                upstream,
+                plain,
+                false,
+                None,
+            ),
+            (
+                "/api/v1/namespaces/d/pods/web",
+                403,
+                upstream,
+                plain,
+                false,
+                None,
+            ),
+            // The pod's or the kubelet's 404 behind a relaying subresource passes.
+            (
+                "/api/v1/namespaces/d/pods/web/proxy/metrics",
+                404,
+                upstream,
+                plain,
+                false,
+                None,
+            ),
+            (
+                "/api/v1/namespaces/d/pods/web/log",
+                404,
+                upstream,
+                plain,
+                false,
+                None,
+            ),
+            // Served by nobody known, shared storage, non-resource, unparseable: the 404 is
+            // the truth.
+            (
+                "/apis/nope.example.com/v1/things",
+                404,
+                upstream,
+                plain,
+                false,
+                None,
+            ),
+            (
+                "/apis/stable.example.com/v1/widgets",
+                404,
+                upstream,
+                plain,
+                false,
+                None,
+            ),
+            ("/healthz/nope", 404, upstream, plain, false, None),
+            (
+                "/api/v1/namespaces/%zz/pods",
+                404,
+                upstream,
+                plain,
+                false,
+                None,
+            ),
+        ];
+        for (path, code, details, content_type, reads, want) in cases {
+            let h = headers("GET", path, &[]);
+            let f = forward(plan_request(&h, None, &c));
+            let name = format!("{path} {code} {details:?} {content_type:?}");
+            let plan = f.response;
+            assert_eq!(plan.needs_content_type(code, details), reads, "{name}");
+            let content_type = if reads { content_type } else { None };
+            match (plan.decide(&c, code, details, content_type), want) {
+                (ResponseDecision::Pass, None) => {}
+                (ResponseDecision::Replace(r), Some(target)) => {
+                    let by = plan.served.as_ref().unwrap().by;
+                    assert_eq!(r.cause, ReplaceCause::NotServed { by }, "{name}");
+                    assert_eq!(r.counter, Some(Counter::NotServed), "{name}");
+                    assert_eq!(
+                        r.headers,
+                        vec![
+                            HeaderOp::Set(":status", Cow::Owned("503".to_string())),
+                            HeaderOp::Set("content-type", Cow::Borrowed("application/json")),
+                            HeaderOp::Remove("content-length"),
+                            HeaderOp::Remove("content-encoding"),
+                            HeaderOp::Set("retry-after", Cow::Borrowed("5")),
+                        ],
+                        "{name}"
+                    );
+                    assert_eq!(
+                        r.body,
+                        ReplacementBody::Status(local_reply::not_served(target).body),
+                        "{name}"
+                    );
+                }
+                (other, want) => panic!("{name}: {other:?}, wanted {want:?}"),
+            }
+        }
+        // Envoy's own 404 (no route) keeps the Envoy-reply mapping, whoever serves the request.
+        let h = headers("GET", CLAIM, &[]);
+        let plan = forward(plan_request(&h, None, &c)).response;
+        assert!(!plan.needs_content_type(404, "route_not_found"));
+        let ResponseDecision::Replace(r) = plan.decide(&c, 404, "route_not_found", None) else {
+            panic!("not replaced")
+        };
+        assert_eq!(
+            r.cause,
+            ReplaceCause::EnvoyReply {
+                envoy_code: 404,
+                code: 404
+            }
+        );
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]

@@ -1,5 +1,5 @@
-//! Where a request goes: the local apiserver or a peer cluster (docs/ARCHITECTURE.md
-//! "Request path", steps 4-8).
+//! Where a request goes: the local apiserver, a peer cluster, or nowhere (a 503 from the filter
+//! itself) (docs/ARCHITECTURE.md "Request path", steps 4-8).
 //!
 //! The configuration is compiled once per push into nested maps keyed by `&str`, so a request
 //! costs a parse and at most four hash lookups, with no allocation beyond the parse.
@@ -21,6 +21,10 @@ pub enum Upstream<'a> {
     Local,
     /// An Envoy cluster whose endpoints are the peer apiservers serving the resource.
     Peer { cluster: &'a str },
+    /// Nowhere: no live apiserver is known to serve it now, but one may (a retained resource,
+    /// or a peer whose discovery is not known yet). The filter answers 503 with `Retry-After`
+    /// itself: a retryable 503 is always safer than a false 404.
+    Unavailable,
 }
 
 /// Why: for logs and metrics, and so tests can assert the rule that fired, not just the result.
@@ -38,6 +42,13 @@ pub enum Reason {
     ServedByPeer,
     /// Nobody serves it; the local 404 is the truth.
     ServedByNobody,
+    /// No live apiserver serves it now, but one that did is gone or not re-read yet
+    /// ([`ResourceRoute::retained`](crate::config::ResourceRoute::retained)): 503.
+    Retained,
+    /// No known apiserver serves it, but a live peer's discovery is not known yet
+    /// ([`FilterConfig::pending_peers`]): that peer may serve it, so 503 rather than the local
+    /// 404.
+    PeerDiscoveryPending,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +72,8 @@ struct Served {
     local: bool,
     /// Index into [`RoutingTable::clusters`].
     peer: Option<usize>,
+    /// Nobody now, but a server that did is gone or not re-read yet.
+    retained: bool,
 }
 
 #[derive(Debug, Default)]
@@ -81,6 +94,8 @@ pub struct RoutingTable {
     local_apiserver: String,
     clusters: Vec<String>,
     groups: HashMap<String, HashMap<String, GroupVersionEntry>>,
+    /// [`FilterConfig::pending_peers`]: while any is listed, "served by nobody" is not known.
+    pending_peers: Vec<String>,
 }
 
 impl RoutingTable {
@@ -99,6 +114,7 @@ impl RoutingTable {
                     let served = Served {
                         local: r.local,
                         peer: r.peer_cluster.as_deref().and_then(cluster_index),
+                        retained: r.retained,
                     };
                     match r.resource.split_once('/') {
                         Some((res, sub)) => {
@@ -124,11 +140,17 @@ impl RoutingTable {
             local_apiserver: config.local_apiserver.clone(),
             clusters,
             groups,
+            pending_peers: config.pending_peers.clone(),
         }
     }
 
     pub fn local_apiserver(&self) -> &str {
         &self.local_apiserver
+    }
+
+    /// Live peers whose discovery is not known yet (for the 503 message).
+    pub fn pending_peers(&self) -> &[String] {
+        &self.pending_peers
     }
 
     /// Parse the request like kube-apiserver and decide. Paths longer than
@@ -156,14 +178,14 @@ impl RoutingTable {
             .get(info.api_group.as_str())
             .and_then(|versions| versions.get(info.api_version.as_str()))
         else {
-            return Decision::local(Reason::ServedByNobody);
+            return self.served_by_nobody();
         };
         let resources = match gv {
             GroupVersionEntry::SharedStorage => return Decision::local(Reason::SharedStorage),
             GroupVersionEntry::Resources(resources) => resources,
         };
         let Some(resource) = resources.get(info.resource.as_str()) else {
-            return Decision::local(Reason::ServedByNobody);
+            return self.served_by_nobody();
         };
         // The subresource decides first: core/v1 grows by subresources (`pods/resize`), which
         // upstream, looking at the resource only, would send to an apiserver that 404s them.
@@ -179,12 +201,31 @@ impl RoutingTable {
         // No entry for the subresource (discovery does not list every one, e.g. `pods/proxy`
         // on old servers): whoever serves the resource handles it.
         self.target(resource.served)
-            .unwrap_or(Decision::local(Reason::ServedByNobody))
+            .unwrap_or_else(|| self.served_by_nobody())
+    }
+
+    /// No known apiserver serves the key: the local 404 is the truth, unless a live peer's
+    /// discovery is not known yet.
+    fn served_by_nobody(&self) -> Decision<'_> {
+        if self.pending_peers.is_empty() {
+            Decision::local(Reason::ServedByNobody)
+        } else {
+            Decision {
+                upstream: Upstream::Unavailable,
+                reason: Reason::PeerDiscoveryPending,
+            }
+        }
     }
 
     fn target(&self, served: Served) -> Option<Decision<'_>> {
         if served.local {
             return Some(Decision::local(Reason::ServedLocally));
+        }
+        if served.retained {
+            return Some(Decision {
+                upstream: Upstream::Unavailable,
+                reason: Reason::Retained,
+            });
         }
         let cluster = self.clusters.get(served.peer?)?;
         Some(Decision {
@@ -460,6 +501,188 @@ mod tests {
         for (method, path, upstream, reason) in cases {
             let (_, d) = t.route(method, path);
             assert_eq!(d, Decision { upstream, reason }, "{method} {path}");
+        }
+    }
+
+    fn retained(resource: &str) -> ResourceRoute {
+        ResourceRoute {
+            retained: true,
+            ..route(resource, false, None)
+        }
+    }
+
+    /// A local apiserver whose peer "b" (cluster "pb") serves `resource.k8s.io/v1beta2`, while
+    /// the apiserver that served `v1beta3` is gone (retained); `pending` peers are live but
+    /// their discovery is not known yet.
+    fn failsafe_table(pending: &[&str]) -> RoutingTable {
+        let config = FilterConfig {
+            pending_peers: pending.iter().map(|p| p.to_string()).collect(),
+            schema: SCHEMA_VERSION,
+            local_apiserver: "apiserver-a".into(),
+            peer_clusters: BTreeMap::from([("pb".to_string(), vec!["apiserver-b".to_string()])]),
+            group_versions: vec![
+                gv(
+                    "",
+                    "v1",
+                    vec![
+                        route("pods", true, None),
+                        // A retained subresource of a served resource.
+                        retained("pods/resize"),
+                    ],
+                ),
+                gv(
+                    "batch",
+                    "v1",
+                    vec![
+                        // A retained resource with a served subresource.
+                        retained("cronjobs"),
+                        route("cronjobs/status", true, None),
+                        route("jobs", true, None),
+                    ],
+                ),
+                gv(
+                    "resource.k8s.io",
+                    "v1beta2",
+                    vec![route("resourceclaims", false, Some("pb"))],
+                ),
+                gv(
+                    "resource.k8s.io",
+                    "v1beta3",
+                    vec![
+                        retained("resourceclaims"),
+                        retained("resourceclaims/status"),
+                    ],
+                ),
+                GroupVersionRoutes {
+                    group: "stable.example.com".into(),
+                    version: "v1".into(),
+                    shared_storage: true,
+                    resources: vec![],
+                },
+            ],
+            discovery: None,
+        };
+        config.validate().unwrap();
+        RoutingTable::compile(&config)
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn retained_keys_and_pending_peers_are_unavailable_not_404() {
+        use Reason::*;
+        let peer = Upstream::Peer { cluster: "pb" };
+        let local = Upstream::Local;
+        let none = Upstream::Unavailable;
+        // (path, without pending peers, with pending peers)
+        type Case<'a> = (&'a str, (Upstream<'a>, Reason), (Upstream<'a>, Reason));
+        let cases: Vec<Case> = vec![
+            // A retained resource, any shape, and its subresources listed or not.
+            (
+                "/apis/resource.k8s.io/v1beta3/namespaces/d/resourceclaims/c",
+                (none, Retained),
+                (none, Retained),
+            ),
+            (
+                "/apis/resource.k8s.io/v1beta3/resourceclaims?watch=1",
+                (none, Retained),
+                (none, Retained),
+            ),
+            (
+                "/apis/resource.k8s.io/v1beta3/namespaces/d/resourceclaims/c/status",
+                (none, Retained),
+                (none, Retained),
+            ),
+            (
+                "/apis/resource.k8s.io/v1beta3/namespaces/d/resourceclaims/c/other",
+                (none, Retained),
+                (none, Retained),
+            ),
+            // A retained subresource of a served resource: the subresource decides first.
+            (
+                "/api/v1/namespaces/d/pods/p/resize",
+                (none, Retained),
+                (none, Retained),
+            ),
+            (
+                "/api/v1/namespaces/d/pods/p",
+                (local, ServedLocally),
+                (local, ServedLocally),
+            ),
+            (
+                "/api/v1/namespaces/d/pods/p/log",
+                (local, ServedLocally),
+                (local, ServedLocally),
+            ),
+            // And the other way round: a served subresource of a retained resource.
+            (
+                "/apis/batch/v1/namespaces/d/cronjobs/c/status",
+                (local, ServedLocally),
+                (local, ServedLocally),
+            ),
+            (
+                "/apis/batch/v1/namespaces/d/cronjobs/c",
+                (none, Retained),
+                (none, Retained),
+            ),
+            (
+                "/apis/batch/v1/namespaces/d/cronjobs/c/scale",
+                (none, Retained),
+                (none, Retained),
+            ),
+            // Served by a peer, shared storage, non-resource, unparseable: pending peers or not.
+            (
+                "/apis/resource.k8s.io/v1beta2/resourceclaims",
+                (peer, ServedByPeer),
+                (peer, ServedByPeer),
+            ),
+            (
+                "/apis/stable.example.com/v1/widgets",
+                (local, SharedStorage),
+                (local, SharedStorage),
+            ),
+            (
+                "/healthz",
+                (local, NonResourceRequest),
+                (local, NonResourceRequest),
+            ),
+            (
+                "/apis/nope.example.com/v1",
+                (local, NonResourceRequest),
+                (local, NonResourceRequest),
+            ),
+            ("/api/v1/watch", (local, Unparseable), (local, Unparseable)),
+            // Served by nobody known: the local 404, unless a peer's discovery is pending.
+            (
+                "/apis/nope.example.com/v1/things",
+                (local, ServedByNobody),
+                (none, PeerDiscoveryPending),
+            ),
+            (
+                "/apis/batch/v1/namespaces/d/widgets/w",
+                (local, ServedByNobody),
+                (none, PeerDiscoveryPending),
+            ),
+            (
+                "/api/v2/namespaces/d/pods",
+                (local, ServedByNobody),
+                (none, PeerDiscoveryPending),
+            ),
+        ];
+        let settled = failsafe_table(&[]);
+        let pending = failsafe_table(&["apiserver-c", "apiserver-d"]);
+        assert!(settled.pending_peers().is_empty());
+        assert_eq!(pending.pending_peers(), ["apiserver-c", "apiserver-d"]);
+        for (path, (upstream, reason), (pending_upstream, pending_reason)) in cases {
+            for method in ["GET", "DELETE"] {
+                let (_, d) = settled.route(method, path);
+                assert_eq!(d, Decision { upstream, reason }, "{method} {path}");
+                let (_, d) = pending.route(method, path);
+                let want = Decision {
+                    upstream: pending_upstream,
+                    reason: pending_reason,
+                };
+                assert_eq!(d, want, "{method} {path} (pending peers)");
+            }
         }
     }
 

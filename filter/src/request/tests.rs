@@ -32,13 +32,27 @@ const MISSES: u32 = 2;
 const NOPEER: u32 = 3;
 const REROUTED: u32 = 4;
 const PEER_ERRORS: u32 = 5;
+const RETAINED: u32 = 6;
+const PENDING: u32 = 7;
+const NOT_SERVED: u32 = 8;
 
 /// A 1.30 local apiserver with a 1.33 peer (cluster `p133`) and merged discovery.
 fn compiled() -> Rc<CompiledConfig> {
+    compiled_with(&[])
+}
+
+/// The same, while the discovery of the `pending` peers is not known yet. The apiserver that
+/// served `resource.k8s.io/v1beta3` and `pods/resize` is gone: they are retained.
+fn compiled_with(pending: &[&str]) -> Rc<CompiledConfig> {
     let resource = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
         resource: resource.into(),
         local,
         peer_cluster: peer.map(str::to_string),
+        retained: false,
+    };
+    let retained = |name: &str| ResourceRoute {
+        retained: true,
+        ..resource(name, false, None)
     };
     let gv = |group: &str, version: &str, resources| GroupVersionRoutes {
         group: group.into(),
@@ -47,16 +61,26 @@ fn compiled() -> Rc<CompiledConfig> {
         resources,
     };
     let config = FilterConfig {
+        pending_peers: pending.iter().map(|p| p.to_string()).collect(),
         schema: SCHEMA_VERSION,
         local_apiserver: "apiserver-a".into(),
         peer_clusters: BTreeMap::from([("p133".to_string(), vec!["apiserver-b".to_string()])]),
         group_versions: vec![
-            gv("", "v1", vec![resource("pods", true, None)]),
+            gv(
+                "",
+                "v1",
+                vec![resource("pods", true, None), retained("pods/resize")],
+            ),
             gv("apps", "v1", vec![resource("deployments", true, None)]),
             gv(
                 "resource.k8s.io",
                 "v1beta2",
                 vec![resource("resourceclaims", false, Some("p133"))],
+            ),
+            gv(
+                "resource.k8s.io",
+                "v1beta3",
+                vec![retained("resourceclaims")],
             ),
         ],
         discovery: Some(DiscoveryConfig {
@@ -68,6 +92,7 @@ fn compiled() -> Rc<CompiledConfig> {
                 "/apis/resource.k8s.io/v1beta2".to_string(),
                 JsonDocument::from_str(GROUPS).unwrap(),
             )]),
+            unavailable: ["/apis/resource.k8s.io/v1beta3".to_string()].into(),
         }),
     };
     config.validate().unwrap();
@@ -81,6 +106,9 @@ fn worker() -> Rc<Worker> {
         discovery_nopeer: Some(NOPEER),
         rerouted: Some(REROUTED),
         peer_proxy_errors: Some(PEER_ERRORS),
+        retained: Some(RETAINED),
+        peer_discovery_pending: Some(PENDING),
+        not_served: Some(NOT_SERVED),
     }))
 }
 
@@ -968,4 +996,301 @@ fn mapped_replies_log_at_most_once_per_window() {
             format!("{line} (99 more such replies since the last line not logged)"),
         ]
     );
+}
+
+const CLAIM_V1BETA3: &str = "/apis/resource.k8s.io/v1beta3/namespaces/default/resourceclaims/gpu";
+const RESIZE: &str = "/api/v1/namespaces/default/pods/web/resize";
+
+/// What no live apiserver is known to serve now is answered here: 503, `Retry-After`, a Status
+/// naming it, one counter, nothing forwarded.
+#[test]
+fn unavailable_requests_are_answered_503_with_retry_after() {
+    // (name, method, path, pending peers, counter, message)
+    type Case<'a> = (&'a str, &'a str, &'a str, &'a [&'a str], u32, &'a str);
+    let cases: [Case; 5] = [
+        (
+            "retained resource",
+            "GET",
+            CLAIM_V1BETA3,
+            &[],
+            RETAINED,
+            "no live apiserver serves resource.k8s.io/v1beta3, Resource=resourceclaims now; \
+             the apiserver that served it is gone or restarting (retry)",
+        ),
+        (
+            "retained subresource of a served resource",
+            "PATCH",
+            RESIZE,
+            &[],
+            RETAINED,
+            "no live apiserver serves v1, Resource=pods/resize now; the apiserver that served \
+             it is gone or restarting (retry)",
+        ),
+        (
+            "legacy discovery of a retained group-version",
+            "GET",
+            "/apis/resource.k8s.io/v1beta3?timeout=32s",
+            &[],
+            RETAINED,
+            "no live apiserver serves resource.k8s.io/v1beta3 now; the apiserver that served \
+             it is gone or restarting (retry)",
+        ),
+        (
+            "served by nobody known while a peer's discovery is pending",
+            "GET",
+            "/apis/resource.k8s.io/v1/resourceclaims",
+            &["apiserver-c"],
+            PENDING,
+            "no known apiserver serves resource.k8s.io/v1, Resource=resourceclaims, and the \
+             discovery of peer apiserver(s) apiserver-c is not known yet (retry)",
+        ),
+        (
+            "a resource unknown in a known group-version, peers pending",
+            "DELETE",
+            "/apis/apps/v1/namespaces/d/replicasets/r",
+            &["apiserver-c", "apiserver-d"],
+            PENDING,
+            "no known apiserver serves apps/v1, Resource=replicasets, and the discovery of \
+             peer apiserver(s) apiserver-c, apiserver-d is not known yet (retry)",
+        ),
+    ];
+    for (name, method, path, pending, counter, message) in cases {
+        let host = FakeHost {
+            request: request_headers(method, path.as_bytes(), &[TOKEN, ("x-remote-user", b"m")]),
+            ..FakeHost::default()
+        };
+        let mut req = Request::new(host, compiled_with(pending), worker());
+        assert_eq!(req.on_request_headers(), Action::Pause, "{name}");
+        let (status, headers, body) = req.host.sent.clone().unwrap();
+        assert_eq!(status, 503, "{name}");
+        assert_eq!(
+            headers,
+            [
+                ("content-type".to_string(), "application/json".to_string()),
+                ("retry-after".to_string(), "5".to_string()),
+            ],
+            "{name}"
+        );
+        assert_eq!(
+            body,
+            format!(
+                r#"{{"kind":"Status","apiVersion":"v1","metadata":{{}},"status":"Failure","message":"the server is currently unable to handle the request: {message}","reason":"ServiceUnavailable","details":{{"retryAfterSeconds":5}},"code":503}}"#
+            ),
+            "{name}"
+        );
+        assert_eq!(req.host.metrics, BTreeMap::from([(counter, 1)]), "{name}");
+        // Nothing is changed or routed for a request that goes nowhere.
+        assert_eq!(
+            req.host.calls,
+            [
+                "request_headers ".to_string(),
+                "property connection.subject_peer_certificate".to_string(),
+                format!("increment_metric {counter}"),
+                "now ".to_string(),
+                "send_response 503".to_string(),
+            ],
+            "{name}"
+        );
+        assert_eq!(
+            req.host.infos(),
+            [format!(
+                "skewgate: answering {method} {path:?} with 503 ({})",
+                if counter == PENDING {
+                    "PeerDiscoveryPending"
+                } else if path.contains('?') {
+                    "RetainedDiscovery"
+                } else {
+                    "Retained"
+                }
+            )],
+            "{name}"
+        );
+    }
+}
+
+/// Pending peers change nothing for what is served, shared, or not a resource.
+#[test]
+fn pending_peers_leave_served_and_non_resource_requests_alone() {
+    for (path, cluster) in [
+        (DEPLOYMENTS, "skewgate-local-token"),
+        (RESOURCECLAIM, "p133-token"),
+        ("/healthz", "skewgate-local-token"),
+        ("/apis/nope.example.com/v1", "skewgate-local-token"),
+        ("/api/v1/namespaces/%zz/pods", "skewgate-local-token"),
+    ] {
+        let host = FakeHost {
+            request: request_headers("GET", path.as_bytes(), &[TOKEN]),
+            ..FakeHost::default()
+        };
+        let mut req = Request::new(host, compiled_with(&["apiserver-c"]), worker());
+        assert_eq!(req.on_request_headers(), Action::Continue, "{path}");
+        assert!(req.host.sent.is_none(), "{path}");
+        assert_eq!(
+            req.host
+                .values(Headers::Request, "x-skewgate-upstream-cluster"),
+            [cluster],
+            "{path}"
+        );
+        assert_eq!(req.host.count(PENDING), 0, "{path}");
+    }
+}
+
+/// An apiserver's `404 page not found` (text/plain) for what the routing table says it serves
+/// means our view of it is stale: the client gets a retryable 503, the body replaced chunk by
+/// chunk. A Status NotFound, and any 404 for what nobody serves, pass.
+#[test]
+fn a_page_not_found_from_a_serving_apiserver_becomes_a_503() {
+    let plain = "text/plain; charset=utf-8";
+    // (path, content type, replaced, log line's subject)
+    let cases: [(&str, &str, Option<&str>); 6] = [
+        (DEPLOYMENTS, plain, Some("the local apiserver")),
+        (RESOURCECLAIM, plain, Some("a peer apiserver")),
+        (DEPLOYMENTS, "application/json", None),
+        (RESOURCECLAIM, "application/vnd.kubernetes.protobuf", None),
+        ("/apis/apps/v1/namespaces/d/replicasets", plain, None),
+        ("/openapi/v3/apis/nope", plain, None),
+    ];
+    for (path, content_type, replaced) in cases {
+        let name = format!("{path} {content_type}");
+        let req = round_trip(
+            "GET",
+            path,
+            &[TOKEN],
+            &[
+                (":status", "404"),
+                ("content-type", content_type),
+                ("content-length", "19"),
+                ("x-content-type-options", "nosniff"),
+            ],
+            Some("via_upstream"),
+            false,
+        );
+        let host = &req.host;
+        let Some(by) = replaced else {
+            assert_eq!(host.values(Headers::Response, ":status"), ["404"], "{name}");
+            assert_eq!(
+                host.values(Headers::Response, "content-type"),
+                [content_type],
+                "{name}"
+            );
+            assert_eq!(
+                host.values(Headers::Response, "content-length"),
+                ["19"],
+                "{name}"
+            );
+            assert!(host.bodies.is_empty(), "{name}");
+            assert_eq!(host.count(NOT_SERVED), 0, "{name}");
+            assert!(host.infos().is_empty(), "{name}");
+            continue;
+        };
+        assert_eq!(host.values(Headers::Response, ":status"), ["503"], "{name}");
+        assert_eq!(
+            host.values(Headers::Response, "content-type"),
+            ["application/json"],
+            "{name}"
+        );
+        assert!(host.values(Headers::Response, "content-length").is_empty());
+        assert_eq!(
+            host.values(Headers::Response, "retry-after"),
+            ["5"],
+            "{name}"
+        );
+        assert_eq!(host.bodies.len(), 3, "{name}");
+        assert!(host.bodies[1].is_empty() && host.bodies[2].is_empty());
+        let target = if path == DEPLOYMENTS {
+            "apps/v1, Resource=deployments"
+        } else {
+            "resource.k8s.io/v1beta2, Resource=resourceclaims"
+        };
+        assert_eq!(
+            String::from_utf8(host.bodies[0].clone()).unwrap(),
+            format!(
+                r#"{{"kind":"Status","apiVersion":"v1","metadata":{{}},"status":"Failure","message":"the server is currently unable to handle the request: {target} is not served by the apiserver that answered, which has probably just restarted (retry)","reason":"ServiceUnavailable","details":{{"retryAfterSeconds":5}},"code":503}}"#
+            ),
+            "{name}"
+        );
+        assert_eq!(host.count(NOT_SERVED), 1, "{name}");
+        assert_eq!(host.count(PEER_ERRORS), 0, "{name}");
+        assert_eq!(
+            host.infos(),
+            [format!(
+                "skewgate: {by} answered 404 page not found for {target}, which the routing \
+                 table says it serves (restarted?); answering 503"
+            )],
+            "{name}"
+        );
+    }
+}
+
+/// The response side reads `content-type` only for a 404 of a request an apiserver serves:
+/// one host call more there, none anywhere else.
+#[test]
+fn only_a_served_404_reads_the_content_type() {
+    // (path, status, response host calls)
+    let cases: [(&str, &str, &[&str]); 6] = [
+        (DEPLOYMENTS, "200", &["response_header :status"]),
+        (
+            DEPLOYMENTS,
+            "500",
+            &["response_header :status", "property response.code_details"],
+        ),
+        (
+            DEPLOYMENTS,
+            "404",
+            &[
+                "response_header :status",
+                "property response.code_details",
+                "response_header content-type",
+            ],
+        ),
+        (
+            RESOURCECLAIM,
+            "404",
+            &[
+                "response_header :status",
+                "property response.code_details",
+                "response_header content-type",
+            ],
+        ),
+        (
+            "/apis/apps/v1/replicasets",
+            "404",
+            &["response_header :status", "property response.code_details"],
+        ),
+        (
+            "/healthz/nope",
+            "404",
+            &["response_header :status", "property response.code_details"],
+        ),
+    ];
+    for (path, status, calls) in cases {
+        let mut host = FakeHost {
+            request: request_headers("GET", path.as_bytes(), &[TOKEN]),
+            ..FakeHost::default()
+        };
+        host.properties.insert(
+            vec!["response".into(), "code_details".into()],
+            b"via_upstream".to_vec(),
+        );
+        let mut req = request(host);
+        assert_eq!(req.on_request_headers(), Action::Continue);
+        let before = req.host.calls.len();
+        req.host.response = vec![
+            (":status".into(), status.as_bytes().to_vec()),
+            ("content-type".into(), b"application/json".to_vec()),
+        ];
+        assert_eq!(req.on_response_headers(false), Action::Continue);
+        assert_eq!(req.on_response_body(10), Action::Continue);
+        assert_eq!(&req.host.calls[before..], calls, "{path} {status}");
+    }
+}
+
+#[test]
+fn logged_paths_are_clipped_at_a_character_boundary() {
+    let long = format!("/apis/{}", "é".repeat(400));
+    let clipped = super::clip(&long);
+    assert!(clipped.len() <= super::LOGGED_PATH && clipped.len() >= super::LOGGED_PATH - 1);
+    assert!(long.starts_with(clipped));
+    assert_eq!(super::clip("/api/v1/pods"), "/api/v1/pods");
+    assert_eq!(super::clip(""), "");
 }
