@@ -337,72 +337,12 @@ pub(crate) fn wasm_path(path: &Path) -> Result<&str, EnvoyError> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
 
     use super::*;
-    use crate::discovery::ServedApis;
-    use crate::routing::{self, Peer};
+    use crate::routing;
+    use crate::test_fixtures::world::{addr, plan, World};
     use crate::xds::{Snapshot, SnapshotInputs};
     use prost::Message;
-    fn served(entries: &[(&str, &str, &str)]) -> ServedApis {
-        let mut s = ServedApis::new();
-        for (g, v, k) in entries {
-            s.add_resource(g, v, k).expect("valid");
-        }
-        s
-    }
-
-    fn addr(s: &str) -> Address {
-        Address::parse(s).expect("address")
-    }
-
-    struct World {
-        local: Address,
-        peers: Vec<(String, Address)>,
-    }
-
-    impl World {
-        fn new() -> Self {
-            World {
-                local: addr("127.0.0.1:6443"),
-                peers: vec![
-                    ("b".to_string(), addr("10.0.0.2:6444")),
-                    ("c".to_string(), addr("10.0.0.3:6444")),
-                ],
-            }
-        }
-        fn snapshot(&self, plan: &RoutingPlan) -> Snapshot {
-            Snapshot::from_plan(
-                plan,
-                &SnapshotInputs {
-                    wasm_path: Path::new("/opt/skewgate.wasm"),
-                    local: &self.local,
-                    peers: &self.peers,
-                    upstream_tls: None,
-                },
-            )
-            .expect("snapshot")
-        }
-    }
-
-    fn plan(b: &[(&str, &str, &str)], c: &[(&str, &str, &str)]) -> RoutingPlan {
-        routing::build(
-            &served(&[("apps", "v1", "deployments")]),
-            "a",
-            &[
-                Peer {
-                    id: "b".into(),
-                    served: served(b),
-                },
-                Peer {
-                    id: "c".into(),
-                    served: served(c),
-                },
-            ],
-            &Default::default(),
-            &BTreeSet::new(),
-        )
-    }
 
     #[test]
     fn resources_carry_the_documented_settings() {
