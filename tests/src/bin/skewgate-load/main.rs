@@ -288,21 +288,37 @@ async fn one_sample(client: reqwest::Client, node: String, url: String) -> Sampl
     rec
 }
 
-async fn write_lines<T: Serialize>(
-    path: PathBuf,
-    mut rx: mpsc::UnboundedReceiver<T>,
-) -> anyhow::Result<()> {
-    let file = tokio::fs::File::create(&path)
-        .await
-        .with_context(|| format!("creating {}", path.display()))?;
-    let mut out = tokio::io::BufWriter::new(file);
+/// Collects records in memory (the report is made from them) and writes them as JSON lines,
+/// best effort: a write error (a full disk) is reported once and writing stops, not the run.
+async fn collect<T: Serialize>(path: PathBuf, mut rx: mpsc::UnboundedReceiver<T>) -> Vec<T> {
+    let mut out = match tokio::fs::File::create(&path).await {
+        Ok(f) => Some(tokio::io::BufWriter::new(f)),
+        Err(e) => {
+            eprintln!("skewgate-load: cannot create {}: {e}", path.display());
+            None
+        }
+    };
+    let mut all = Vec::new();
     while let Some(rec) = rx.recv().await {
-        let mut line = serde_json::to_vec(&rec)?;
-        line.push(b'\n');
-        out.write_all(&line).await?;
+        if let Some(w) = out.as_mut() {
+            let mut line = serde_json::to_vec(&rec).unwrap_or_default();
+            line.push(b'\n');
+            if let Err(e) = w.write_all(&line).await {
+                eprintln!(
+                    "skewgate-load: writing {}: {e}; no more lines are written",
+                    path.display()
+                );
+                out = None;
+            }
+        }
+        all.push(rec);
     }
-    out.flush().await?;
-    Ok(())
+    if let Some(mut w) = out {
+        if let Err(e) = w.flush().await {
+            eprintln!("skewgate-load: writing {}: {e}", path.display());
+        }
+    }
+    all
 }
 
 /// Whether the driver's truth file says `end`.
@@ -319,8 +335,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)?;
     let (req_tx, req_rx) = mpsc::unbounded_channel::<RequestRecord>();
     let (smp_tx, smp_rx) = mpsc::unbounded_channel::<SampleRecord>();
-    let req_writer = tokio::spawn(write_lines(out.join("requests.jsonl"), req_rx));
-    let smp_writer = tokio::spawn(write_lines(out.join("samples.jsonl"), smp_rx));
+    let req_writer = tokio::spawn(collect(out.join("requests.jsonl"), req_rx));
+    let smp_writer = tokio::spawn(collect(out.join("samples.jsonl"), smp_rx));
 
     let nodes: Vec<(String, String, Arc<Semaphore>)> = args
         .nodes
@@ -401,9 +417,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     drop((req_tx, smp_tx));
-    req_writer.await??;
-    smp_writer.await??;
-    report::report(&args.report)
+    let requests = req_writer.await?;
+    let samples = smp_writer.await?;
+    report::report_records(&args.report, requests, samples)
 }
 
 #[tokio::main]

@@ -49,17 +49,26 @@ struct Stats {
     other_examples: Vec<String>,
 }
 
+/// Reads JSON lines; a line that does not parse (a write cut short, e.g. by a full disk) is
+/// skipped and counted on stderr.
 fn read_jsonl<T: DeserializeOwned>(path: &Path) -> anyhow::Result<Vec<T>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut out = Vec::new();
+    let (mut out, mut bad) = (Vec::new(), 0usize);
     for line in std::io::BufReader::new(file).lines() {
         let line = line?;
-        if !line.trim().is_empty() {
-            out.push(
-                serde_json::from_str(&line)
-                    .with_context(|| format!("{}: {line}", path.display()))?,
-            );
+        if line.trim().is_empty() {
+            continue;
         }
+        match serde_json::from_str(&line) {
+            Ok(rec) => out.push(rec),
+            Err(_) => bad += 1,
+        }
+    }
+    if bad > 0 {
+        eprintln!(
+            "skewgate-load: {}: {bad} unreadable lines skipped",
+            path.display()
+        );
     }
     Ok(out)
 }
@@ -70,7 +79,18 @@ fn push_example(v: &mut Vec<String>, s: impl FnOnce() -> String) {
     }
 }
 
+/// Reports from the files in `--out`.
 pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
+    let requests = read_jsonl(&args.out.join("requests.jsonl"))?;
+    let samples = read_jsonl(&args.out.join("samples.jsonl"))?;
+    report_records(args, requests, samples)
+}
+
+pub fn report_records(
+    args: &ReportArgs,
+    mut requests: Vec<RequestRecord>,
+    samples: Vec<SampleRecord>,
+) -> anyhow::Result<()> {
     let catalog = Catalog::load(&args.fixtures)?;
     let text = std::fs::read_to_string(&args.truth)
         .with_context(|| format!("reading {}", args.truth.display()))?;
@@ -80,8 +100,6 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
         "the truth file {} is empty",
         args.truth.display()
     );
-    let mut requests: Vec<RequestRecord> = read_jsonl(&args.out.join("requests.jsonl"))?;
-    let samples: Vec<SampleRecord> = read_jsonl(&args.out.join("samples.jsonl"))?;
     requests.sort_by_key(|r| r.t0);
     let settle = args.settle.as_millis() as u64;
 
