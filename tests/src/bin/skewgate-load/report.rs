@@ -286,6 +286,14 @@ pub fn report_records(
         );
     }
     for s in &phases {
+        if s.longest_503_window_ms > 0 {
+            println!(
+                "#   {} longest 503 window: {} ({:.1} s)",
+                s.phase,
+                s.longest_503_window,
+                s.longest_503_window_ms as f64 / 1000.0
+            );
+        }
         for (what, ex) in [
             ("wrong 404", &s.wrong_404_examples),
             ("hiding", &s.hiding_examples),
