@@ -1,0 +1,320 @@
+//! Classifies the recorded requests and samples against the driver's truth and prints the
+//! per-phase table (markdown) on stdout; writes the same numbers to `summary.json`.
+//!
+//! A result belongs to the phase in force when it was sent. A request is **2xx**, **503**, a
+//! **wrong 404** (a version required both when it was sent and when it ended serves the GVR),
+//! an **expected 404** (no required version serves it: the API is legitimately gone), or
+//! **other** (no answer: timeout, connection error, shed; or any other status). The **longest
+//! 503 window** is the longest run of consecutive 503s of one node and GVR, from the first one's
+//! start to the last one's end. A discovery sample that got a document is **hiding** when it
+//! lacks a group-version that a required version serves (both at its start and at its end),
+//! and **stale-marked** when it marks any group-version `freshness: Stale`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::BufRead;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::truth::{self, Catalog, Entry};
+use crate::{ReportArgs, RequestRecord, SampleRecord};
+
+const EXAMPLES: usize = 8;
+
+#[derive(Serialize, Default, Debug)]
+struct Stats {
+    phase: String,
+    /// when the phase began (unix ms) and how long it lasted (s)
+    start_ms: u64,
+    seconds: f64,
+    requests: u64,
+    ok_2xx: u64,
+    unavailable_503: u64,
+    wrong_404: u64,
+    expected_404: u64,
+    other: u64,
+    shed: u64,
+    longest_503_window_ms: u64,
+    longest_503_window: String,
+    samples: u64,
+    samples_failed: u64,
+    hiding_samples: u64,
+    stale_marked_samples: u64,
+    /// group-versions marked Stale, with how many samples marked each
+    stale_gvs: BTreeMap<String, u64>,
+    wrong_404_examples: Vec<String>,
+    hiding_examples: Vec<String>,
+    other_examples: Vec<String>,
+}
+
+/// Reads JSON lines; a line that does not parse (a write cut short, e.g. by a full disk) is
+/// skipped and counted on stderr.
+fn read_jsonl<T: DeserializeOwned>(path: &Path) -> anyhow::Result<Vec<T>> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let (mut out, mut bad) = (Vec::new(), 0usize);
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(&line) {
+            Ok(rec) => out.push(rec),
+            Err(_) => bad += 1,
+        }
+    }
+    if bad > 0 {
+        eprintln!(
+            "skewgate-load: {}: {bad} unreadable lines skipped",
+            path.display()
+        );
+    }
+    Ok(out)
+}
+
+fn push_example(v: &mut Vec<String>, s: impl FnOnce() -> String) {
+    if v.len() < EXAMPLES {
+        v.push(s());
+    }
+}
+
+/// Reports from the files in `--out`.
+pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
+    let requests = read_jsonl(&args.out.join("requests.jsonl"))?;
+    let samples = read_jsonl(&args.out.join("samples.jsonl"))?;
+    report_records(args, requests, samples)
+}
+
+pub fn report_records(
+    args: &ReportArgs,
+    mut requests: Vec<RequestRecord>,
+    samples: Vec<SampleRecord>,
+) -> anyhow::Result<()> {
+    let catalog = Catalog::load(&args.fixtures)?;
+    let text = std::fs::read_to_string(&args.truth)
+        .with_context(|| format!("reading {}", args.truth.display()))?;
+    let entries = truth::parse(&text);
+    anyhow::ensure!(
+        !entries.is_empty(),
+        "the truth file {} is empty",
+        args.truth.display()
+    );
+    requests.sort_by_key(|r| r.t0);
+    let settle = args.settle.as_millis() as u64;
+
+    // Phases in the order they began; `end` is not a phase.
+    let mut order: Vec<String> = Vec::new();
+    let mut stats: BTreeMap<String, Stats> = BTreeMap::new();
+    for (i, e) in entries.iter().enumerate() {
+        if e.phase == "end" {
+            continue;
+        }
+        let end = entries.get(i + 1).map_or(e.at_ms, |n| n.at_ms);
+        let s = stats.entry(e.phase.clone()).or_insert_with(|| {
+            order.push(e.phase.clone());
+            Stats {
+                phase: e.phase.clone(),
+                start_ms: e.at_ms,
+                ..Stats::default()
+            }
+        });
+        s.seconds += end.saturating_sub(e.at_ms) as f64 / 1000.0;
+    }
+    let phase_of = |t: u64| -> String {
+        let e: Option<&Entry> = truth::entry_at(&entries, t);
+        match e {
+            Some(e) if e.phase != "end" => e.phase.clone(),
+            // After `end`: the phase before it.
+            _ => entries
+                .iter()
+                .rev()
+                .find(|e| e.phase != "end")
+                .map_or_else(String::new, |e| e.phase.clone()),
+        }
+    };
+    let required = |t: u64| truth::required_versions(&entries, t, settle);
+
+    // Runs of 503 per (node, GVR), in send order: (first start, last end, phase of the first).
+    let mut runs: BTreeMap<(String, String), (u64, u64, String)> = BTreeMap::new();
+    let close_run =
+        |stats: &mut BTreeMap<String, Stats>, key: &(String, String), run: (u64, u64, String)| {
+            let len = run.1.saturating_sub(run.0);
+            if let Some(s) = stats.get_mut(&run.2) {
+                if len > s.longest_503_window_ms {
+                    s.longest_503_window_ms = len;
+                    s.longest_503_window = format!("{} {} from {}", key.0, key.1, run.0);
+                }
+            }
+        };
+    for r in &requests {
+        let phase = phase_of(r.t0);
+        let Some(s) = stats.get_mut(&phase) else {
+            continue;
+        };
+        s.requests += 1;
+        let key = (r.node.clone(), r.gvr.clone());
+        match r.status {
+            200..=299 => s.ok_2xx += 1,
+            503 => s.unavailable_503 += 1,
+            404 => {
+                if catalog.serves(&required(r.t0), &r.gvr)
+                    && catalog.serves(&required(r.t1), &r.gvr)
+                {
+                    s.wrong_404 += 1;
+                    push_example(&mut s.wrong_404_examples, || {
+                        format!(
+                            "{} {} at {} (answered by {})",
+                            r.node,
+                            r.gvr,
+                            r.t0,
+                            r.by.as_deref().unwrap_or("?")
+                        )
+                    });
+                } else {
+                    s.expected_404 += 1;
+                }
+            }
+            _ => {
+                s.other += 1;
+                if r.err.as_deref().is_some_and(|e| e.starts_with("shed")) {
+                    s.shed += 1;
+                }
+                push_example(&mut s.other_examples, || {
+                    format!(
+                        "{} {} at {}: {} {}",
+                        r.node,
+                        r.gvr,
+                        r.t0,
+                        r.status,
+                        r.err.as_deref().unwrap_or("")
+                    )
+                });
+            }
+        }
+        if r.status == 503 {
+            runs.entry(key)
+                .and_modify(|run| run.1 = run.1.max(r.t1))
+                .or_insert((r.t0, r.t1, phase));
+        } else if let Some(run) = runs.remove(&key) {
+            close_run(&mut stats, &key, run);
+        }
+    }
+    for (key, run) in std::mem::take(&mut runs) {
+        close_run(&mut stats, &key, run);
+    }
+
+    for smp in &samples {
+        let Some(s) = stats.get_mut(&phase_of(smp.t0)) else {
+            continue;
+        };
+        s.samples += 1;
+        if smp.err.is_some() || smp.status != 200 {
+            s.samples_failed += 1;
+            continue;
+        }
+        let present: BTreeSet<&str> = smp.present.iter().map(String::as_str).collect();
+        let want_start = catalog.group_versions(&required(smp.t0));
+        let want_end = catalog.group_versions(&required(smp.t1));
+        let missing: Vec<&String> = want_start
+            .intersection(&want_end)
+            .filter(|gv| !present.contains(gv.as_str()))
+            .collect();
+        if !missing.is_empty() {
+            s.hiding_samples += 1;
+            push_example(&mut s.hiding_examples, || {
+                format!("{} at {} lacks {missing:?}", smp.node, smp.t0)
+            });
+        }
+        if !smp.stale.is_empty() {
+            s.stale_marked_samples += 1;
+            for gv in &smp.stale {
+                *s.stale_gvs.entry(gv.clone()).or_default() += 1;
+            }
+        }
+    }
+
+    let mut phases: Vec<Stats> = order.iter().filter_map(|p| stats.remove(p)).collect();
+    let mut total = Stats {
+        phase: "total".to_string(),
+        ..Stats::default()
+    };
+    for s in &phases {
+        total.seconds += s.seconds;
+        total.requests += s.requests;
+        total.ok_2xx += s.ok_2xx;
+        total.unavailable_503 += s.unavailable_503;
+        total.wrong_404 += s.wrong_404;
+        total.expected_404 += s.expected_404;
+        total.other += s.other;
+        total.shed += s.shed;
+        if s.longest_503_window_ms > total.longest_503_window_ms {
+            total.longest_503_window_ms = s.longest_503_window_ms;
+            total.longest_503_window = s.longest_503_window.clone();
+        }
+        total.samples += s.samples;
+        total.samples_failed += s.samples_failed;
+        total.hiding_samples += s.hiding_samples;
+        total.stale_marked_samples += s.stale_marked_samples;
+        for (gv, n) in &s.stale_gvs {
+            *total.stale_gvs.entry(gv.clone()).or_default() += n;
+        }
+    }
+
+    println!(
+        "| phase | s | requests | 2xx | 503 | wrong 404 | expected 404 | other errors | longest 503 window | discovery samples (failed) | hiding samples | stale-marked samples |"
+    );
+    println!(
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    for s in phases.iter().chain(std::iter::once(&total)) {
+        println!(
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {:.1} s | {} ({}) | {} | {} |",
+            s.phase,
+            s.seconds,
+            s.requests,
+            s.ok_2xx,
+            s.unavailable_503,
+            s.wrong_404,
+            s.expected_404,
+            s.other,
+            s.longest_503_window_ms as f64 / 1000.0,
+            s.samples,
+            s.samples_failed,
+            s.hiding_samples,
+            s.stale_marked_samples
+        );
+    }
+    for s in &phases {
+        if s.longest_503_window_ms > 0 {
+            println!(
+                "#   {} longest 503 window: {} ({:.1} s)",
+                s.phase,
+                s.longest_503_window,
+                s.longest_503_window_ms as f64 / 1000.0
+            );
+        }
+        for (what, ex) in [
+            ("wrong 404", &s.wrong_404_examples),
+            ("hiding", &s.hiding_examples),
+            ("other", &s.other_examples),
+        ] {
+            for e in ex {
+                println!("#   {} {what}: {e}", s.phase);
+            }
+        }
+    }
+    let rate = if total.seconds > 0.0 {
+        total.requests as f64 / total.seconds
+    } else {
+        0.0
+    };
+    println!("#   {:.1} requests/s over {:.0} s", rate, total.seconds);
+    phases.push(total);
+    let summary = serde_json::json!({ "phases": phases, "requests_per_second": rate });
+    std::fs::write(
+        args.out.join("summary.json"),
+        serde_json::to_vec_pretty(&summary)?,
+    )?;
+    Ok(())
+}
