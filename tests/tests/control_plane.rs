@@ -981,22 +981,23 @@ async fn envoy_keeps_serving_while_the_control_plane_restarts() -> Result<()> {
     assert_eq!(apis(&envoy).await?.0, etag_before);
 
     // The restarted control plane carries the next change: the peer vanishes (SIGKILL, its
-    // lease stays until the grace ends). Meanwhile its resources are 503, never 404; after
-    // the grace they are the local apiserver's 404.
+    // lease stays until the grace ends). Its resources are 503, never 404, before the grace
+    // and after it (retained).
     b.stop().await?;
     let resp = client().get(url(&envoy, CLAIMS)).send().await?;
     let status = resp.status().as_u16();
     let body = resp.text().await?;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("\"reason\":\"ServiceUnavailable\""), "{body}");
-    routed(
-        &envoy,
-        &control,
-        CLAIMS,
-        (404, "apiserver-a"),
-        GRACE + Duration::from_secs(10),
-    )
-    .await?;
+    // After the grace b is dead and its API is retained: still 503, now the filter's, with
+    // Retry-After (never the local 404; the retention scenario follows it to the end).
+    tokio::time::sleep(GRACE + Duration::from_secs(2)).await;
+    let resp = client().get(url(&envoy, CLAIMS)).send().await?;
+    assert_eq!(resp.status(), 503);
+    assert!(
+        !header(&resp, "retry-after").is_empty(),
+        "retained: Retry-After"
+    );
 
     // SIGTERM: a clean exit; Envoy keeps serving on what it holds.
     let (status, took) = control.terminate().await?;
@@ -1049,7 +1050,7 @@ async fn hostile_discovery_server(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_and_excluded_peers_change_nothing() -> Result<()> {
+async fn hostile_and_excluded_peers_change_no_route() -> Result<()> {
     let _serial = SERIAL.lock().await;
     let etcd = Etcd::start().await?;
     let dir = tempfile::tempdir()?;
@@ -1059,9 +1060,6 @@ async fn hostile_and_excluded_peers_change_nothing() -> Result<()> {
     let mut control = Control::new(&a, dir.path(), &["--peer-cidr=127.0.0.1/32"])?;
     let envoy = start_routed_to_b(&mut control).await?;
     let (etag, _) = apis(&envoy).await?;
-    let published = control
-        .metric("skewgate_control_snapshots_published_total")
-        .await?;
     let version = control.skew().await?["snapshot_version"].clone();
 
     // A 1.33 apiserver on 127.0.0.3: reachable, serving everything b serves, with a live
@@ -1123,17 +1121,32 @@ async fn hostile_and_excluded_peers_change_nothing() -> Result<()> {
     assert!(listed("excluded_leases", &outside_lease), "{skew:#}");
     assert!(listed("unrouted_peers", &garbage_lease), "{skew:#}");
     assert!(listed("unrouted_peers", &huge_lease), "{skew:#}");
+    // The two live peers whose discovery is unusable are pending: what no known apiserver
+    // serves answers 503 until they are known or dead. Nothing else changes for Envoy:
+    // merged discovery and every route stay as they were.
+    let pending: Vec<&str> = skew["pending_peers"]
+        .as_array()
+        .map(|l| l.iter().filter_map(|x| x.as_str()).collect())
+        .unwrap_or_default();
     assert_eq!(
-        skew["snapshot_version"], version,
-        "nothing changed for Envoy: {skew:#}"
+        pending,
+        {
+            let mut want = vec![garbage_lease.as_str(), huge_lease.as_str()];
+            want.sort();
+            want
+        },
+        "{skew:#}"
     );
-    assert_eq!(
-        control
-            .metric("skewgate_control_snapshots_published_total")
-            .await?,
-        published
+    assert_ne!(
+        skew["snapshot_version"], version,
+        "pending peers are in the filter configuration"
     );
     assert_eq!(apis(&envoy).await?.0, etag, "merged discovery unchanged");
+    assert_eq!(
+        get(&envoy, "/apis/nobody.example.com/v1/widgets").await?.0,
+        503,
+        "nobody known serves it, and two live peers are not known"
+    );
     assert_eq!(
         served_by(&control, ("resource.k8s.io", "v1beta2"), "resourceclaims").await?,
         vec![b.lease_name()]
@@ -1149,7 +1162,7 @@ async fn hostile_and_excluded_peers_change_nothing() -> Result<()> {
     );
     eprintln!(
         "a lease outside the CIDRs, a peer answering garbage and one answering 64 MiB: excluded/unrouted, \
-         snapshot unchanged ({version}), v1beta2 still served by b only"
+         the garbage ones pending, merged discovery and routes unchanged, v1beta2 still served by b only"
     );
 
     // A service-backed APIService for resource.k8s.io/v1beta2 makes that group-version
