@@ -33,6 +33,7 @@ fn config(grace: Duration) -> PeerConfig {
         grace,
         policy: AddressPolicy::new(vec![peers::parse_cidr("127.0.0.0/8").unwrap()], []),
         local: LocalSelector::Hostname("apiserver-a".into()),
+        ..Default::default()
     }
 }
 

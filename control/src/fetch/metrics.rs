@@ -54,6 +54,7 @@ pub struct ApiserverSyncStatus {
 pub struct DiscoveryMetrics {
     errors: [AtomicU64; ErrorType::ALL.len()],
     outcomes: [AtomicU64; SyncOutcome::ALL.len()],
+    coalesced_triggers: AtomicU64,
     apiservers: Mutex<BTreeMap<String, ApiserverSyncStatus>>,
 }
 
@@ -93,6 +94,16 @@ impl DiscoveryMetrics {
             s.last_error_time = Some(SystemTime::now());
             s.consecutive_failures += 1;
         });
+    }
+
+    /// A holder-identity refetch trigger came within the rate limit and was deferred or
+    /// coalesced.
+    pub fn record_coalesced_trigger(&self) {
+        self.coalesced_triggers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn coalesced_triggers_total(&self) -> u64 {
+        self.coalesced_triggers.load(Ordering::Relaxed)
     }
 
     /// Drop an apiserver's series (it left the cluster).
@@ -145,6 +156,13 @@ impl DiscoveryMetrics {
                 self.outcomes_total(o)
             );
         }
+        let _ = write!(
+            out,
+            "# HELP skewgate_discovery_holder_refetches_coalesced_total Refetches asked for by a new holder identity within --holder-refetch-interval of the last one: deferred to its end and coalesced.\n\
+             # TYPE skewgate_discovery_holder_refetches_coalesced_total counter\n\
+             skewgate_discovery_holder_refetches_coalesced_total {}\n",
+            self.coalesced_triggers_total()
+        );
         let map = self
             .apiservers
             .lock()
