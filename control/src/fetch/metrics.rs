@@ -48,6 +48,8 @@ pub struct ApiserverSyncStatus {
     pub consecutive_failures: u64,
     /// Legacy group-versions that answered with an HTTP error in the last success.
     pub stale_group_versions: usize,
+    /// Fetches finished, good or not, since this apiserver was first fetched (or came back).
+    pub fetches: u64,
 }
 
 #[derive(Debug, Default)]
@@ -80,6 +82,7 @@ impl DiscoveryMetrics {
         self.with_status(id, |s| {
             s.last_success = Some(SystemTime::now());
             s.consecutive_failures = 0;
+            s.fetches += 1;
             s.stale_group_versions = stale_group_versions;
         });
     }
@@ -93,6 +96,7 @@ impl DiscoveryMetrics {
             s.last_error_type = Some(t);
             s.last_error_time = Some(SystemTime::now());
             s.consecutive_failures += 1;
+            s.fetches += 1;
         });
     }
 
@@ -181,6 +185,18 @@ impl DiscoveryMetrics {
                     seconds(t)
                 );
             }
+        }
+        out.push_str(
+            "# HELP skewgate_discovery_fetches_total Discovery fetches from an apiserver, good or not (its series goes when the peer leaves).\n\
+             # TYPE skewgate_discovery_fetches_total counter\n",
+        );
+        for (id, s) in &map {
+            let _ = writeln!(
+                out,
+                "skewgate_discovery_fetches_total{{apiserver=\"{}\"}} {}",
+                escape(id),
+                s.fetches
+            );
         }
         out.push_str(
             "# HELP skewgate_discovery_consecutive_failures Failed discovery fetches from an apiserver since its last success.\n\
