@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use futures_util::StreamExt;
 use skewgate_control::envoy::Address;
 use skewgate_tests::{
     free_port, header, kubeconfig_tls, kubectl, repo_root, wasm_path, Credential, Envoy, Etcd,
@@ -133,7 +134,9 @@ impl Control {
         let mut args: Vec<OsString> = vec!["run".into()];
         args.push(format!("--local-apiserver-url={}", local.url()).into());
         args.push(format!("--local-lease={}", local.lease_name()).into());
-        args.push(format!("--lease-grace={}ms", GRACE.as_millis()).into());
+        if !extra.iter().any(|a| a.starts_with("--lease-grace")) {
+            args.push(format!("--lease-grace={}ms", GRACE.as_millis()).into());
+        }
         args.push(format!("--xds-listen=127.0.0.1:{xds}").into());
         args.push(format!("--health-listen=127.0.0.1:{health}").into());
         args.push(format!("--wasm={}", wasm_path()?.display()).into());
@@ -1487,5 +1490,198 @@ async fn tls_everywhere_with_the_three_upstream_identities() -> Result<()> {
         );
     }
     eprintln!("TLS: a peer with a serving certificate from another CA is never routed to");
+    Ok(())
+}
+
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases";
+
+/// A Lease written by anyone allowed to write Leases in kube-system: an identity lease with no
+/// apiserver behind it, pointing at `address`.
+fn forged_lease(name: &str, address: &str, renew_time: &serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "namespace": "kube-system",
+            "labels": {
+                "apiserver.kubernetes.io/identity": "kube-apiserver",
+                "kubernetes.io/hostname": name
+            },
+            "annotations": { "kubernetes.io/peer-advertise-address": address }
+        },
+        "spec": {
+            "holderIdentity": format!("{name}_0"),
+            "leaseDurationSeconds": 3600,
+            "renewTime": renew_time
+        }
+    })
+}
+
+/// `skewgate_discovery_fetches_total` by apiserver.
+async fn fetches(control: &Control) -> Result<Vec<(String, f64)>> {
+    let (_, text) = control.get("/metrics").await?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("skewgate_discovery_fetches_total{apiserver=\"")?;
+            let (id, value) = rest.split_once("\"} ")?;
+            Some((id.to_string(), value.parse().ok()?))
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_forged_leases_stay_under_the_cap_and_holder_churn_under_the_rate_limit(
+) -> Result<()> {
+    const MAX_PEERS: usize = 3;
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
+    // Forged leases are never renewed: a grace longer than the test keeps them live.
+    let mut control = Control::new(
+        &a,
+        dir.path(),
+        &[
+            "--lease-grace=120s",
+            "--max-peers=3",
+            "--holder-refetch-interval=2s",
+        ],
+    )?;
+    let envoy = start_routed_to_b(&mut control).await?;
+    let b_lease = b.lease_name();
+
+    // 1,000 leases inside the peer CIDR, all pointing at b (a real apiserver: a fetch succeeds),
+    // renewed "now" (a's renewTime, borrowed).
+    let leases = format!("{}{LEASES}", a.url());
+    let own: serde_json::Value = client()
+        .get(format!("{leases}/{}", a.lease_name()))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let renew_time = own["spec"]["renewTime"].clone();
+    let address = format!("{}:{}", b.address.host, b.address.port);
+    let started = Instant::now();
+    let results: Vec<Result<()>> = futures_util::stream::iter(0..1000)
+        .map(|i| {
+            let lease = forged_lease(&format!("apiserver-flood-{i:04}"), &address, &renew_time);
+            let leases = leases.clone();
+            async move {
+                let resp = client().post(&leases).json(&lease).send().await?;
+                if resp.status() != 201 {
+                    bail!("creating a lease: {}", resp.text().await?);
+                }
+                Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    eprintln!("1,000 forged leases written in {:?}", started.elapsed());
+    eventually(
+        "every forged lease seen",
+        Duration::from_secs(60),
+        || async {
+            let over = control
+                .metric("skewgate_peer_leases_over_cap_total")
+                .await?;
+            Ok((over >= (1001 - MAX_PEERS) as f64).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| control.log())?;
+    // Let the control plane settle and fetch what it fetches.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        control.metric("skewgate_peers_live").await?,
+        MAX_PEERS as f64
+    );
+    let fetched = fetches(&control).await?;
+    eprintln!("fetched apiservers: {fetched:?}");
+    assert!(
+        fetched.len() <= MAX_PEERS + 1,
+        "only the local apiserver and the capped peers are fetched: {fetched:?}"
+    );
+    // b, known longest, keeps its place; the flood takes only what is left.
+    assert!(fetched.iter().any(|(id, _)| *id == b_lease), "{fetched:?}");
+    let clusters = envoy.admin("/clusters").await?;
+    let endpoints = clusters
+        .lines()
+        .filter(|l| l.starts_with("skewgate-peers-") && l.contains("::cx_active::"))
+        .count();
+    eprintln!("peer cluster endpoints in Envoy: {endpoints}");
+    for _ in 0..10 {
+        assert_eq!(get(&envoy, CLAIMS).await?.0, 200);
+    }
+
+    // One forged peer changes its holder identity every 100 ms for 6 s (60 "restarts"): at most
+    // one refetch per 2 s is triggered, the rest coalesced.
+    let churner = fetched
+        .iter()
+        .map(|(id, _)| id.clone())
+        .find(|id| id.starts_with("apiserver-flood-"))
+        .context("a forged lease within the cap")?;
+    let before = fetches(&control)
+        .await?
+        .into_iter()
+        .find(|(id, _)| *id == churner)
+        .map_or(0.0, |(_, n)| n);
+    let coalesced_before = control
+        .metric("skewgate_discovery_holder_refetches_coalesced_total")
+        .await?;
+    let churn_started = Instant::now();
+    let mut changes = 0;
+    while churn_started.elapsed() < Duration::from_secs(6) {
+        changes += 1;
+        let resp = client()
+            .patch(format!("{leases}/{churner}"))
+            .header("content-type", "application/merge-patch+json")
+            .body(
+                serde_json::json!({"spec": {"holderIdentity": format!("{churner}_{changes}")}})
+                    .to_string(),
+            )
+            .send()
+            .await?;
+        if resp.status() != 200 {
+            bail!("patching {churner}: {}", resp.text().await?);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The last deferred refetch lands within the interval.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = fetches(&control)
+        .await?
+        .into_iter()
+        .find(|(id, _)| *id == churner)
+        .map_or(0.0, |(_, n)| n);
+    let coalesced = control
+        .metric("skewgate_discovery_holder_refetches_coalesced_total")
+        .await?
+        - coalesced_before;
+    let elapsed = churn_started.elapsed();
+    eprintln!(
+        "{changes} holder changes of {churner} over {elapsed:?}: {} fetches, {coalesced} triggers coalesced",
+        after - before
+    );
+    // One per 2 s, plus the first at once and the periodic refresh (30 s: none here).
+    let limit = (elapsed.as_secs_f64() / 2.0).ceil() + 1.0;
+    assert!(
+        after - before <= limit,
+        "{} fetches for {changes} holder changes in {elapsed:?} (limit {limit})",
+        after - before
+    );
+    assert!(after - before >= 2.0, "the changes were followed");
+    assert!(coalesced >= 1.0);
+    assert_eq!(
+        control.metric("skewgate_peers_live").await?,
+        MAX_PEERS as f64
+    );
+    for _ in 0..5 {
+        assert_eq!(get(&envoy, CLAIMS).await?.0, 200);
+    }
     Ok(())
 }

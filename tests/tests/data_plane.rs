@@ -271,11 +271,96 @@ async fn unreachable_peer_fails_over_to_another_peer_serving_the_same() -> Resul
     let envoy = Envoy::start(&a, &[&b, &c]).await?;
     b.stop().await?;
     let url = format!("{}{CLAIMS_V1BETA2}", envoy.url());
-    for i in 0..6 {
+    // Every request that picks b first is retried on c (connect-failure, previous_hosts):
+    // failover needs no ejection.
+    for i in 0..20 {
         let resp = client().get(&url).send().await?;
         assert_eq!(resp.status(), 200, "request {i}");
         assert_eq!(served_by(&resp), "apiserver-c", "request {i}");
     }
+    // Anonymous requests (no credentials) take the -anonymous variant.
+    let cluster = format!("{}-anonymous", peer_cluster(&envoy));
+    let retried = envoy
+        .stat(&format!("cluster.{cluster}.upstream_rq_retry"))
+        .await?;
+    println!("20 requests with b refusing connections: {retried} retried on c");
+    assert!(retried > 0, "b was tried and failed over");
+    Ok(())
+}
+
+/// A peer that resets one kind of request (say a malformed one it refuses) is not down: it is
+/// not ejected, and everything else it serves keeps reaching it. Envoy reports an upstream
+/// reset to outlier detection exactly like a connection failure, so skewgate does not eject
+/// on local-origin failures at all (connect failures fail over by retry instead).
+#[tokio::test]
+async fn a_peer_that_resets_some_requests_is_not_ejected() -> Result<()> {
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let b = SimApiserver::start_with(SimOptions {
+        extra_args: vec!["--reset-requests-with=sim-reset".into()],
+        lease: false,
+        ..SimOptions::new("apiserver-b", "k8s-1.33")
+    })
+    .await?;
+    let c = SimApiserver::start_with(SimOptions {
+        lease: false,
+        ..SimOptions::new("apiserver-c", "k8s-1.33")
+    })
+    .await?;
+    let envoy = Envoy::start(&a, &[&b, &c]).await?;
+    let cluster = format!("{}-anonymous", peer_cluster(&envoy));
+    let url = format!("{}{CLAIMS_V1BETA2}", envoy.url());
+
+    // Rounds of concurrent requests b resets: many consecutive local-origin failures on b.
+    let (mut reset, mut ok) = (0, 0);
+    for _ in 0..4 {
+        let answers = futures_util::future::join_all((0..12).map(|_| {
+            client()
+                .get(format!("{url}?labelSelector=sim-reset"))
+                .send()
+        }))
+        .await;
+        for resp in answers {
+            let resp = resp?;
+            match resp.status().as_u16() {
+                200 => ok += 1,
+                503 => reset += 1,
+                s => anyhow::bail!("unexpected {s}"),
+            }
+        }
+    }
+    let detected = envoy
+        .stat(&format!(
+            "cluster.{cluster}.outlier_detection.ejections_detected_consecutive_local_origin_failure"
+        ))
+        .await
+        .unwrap_or(0);
+    let active = envoy
+        .stat(&format!(
+            "cluster.{cluster}.outlier_detection.ejections_active"
+        ))
+        .await?;
+    println!("48 requests b resets: {reset} answered 503, {ok} served by c; consecutive local-origin failures detected {detected} times, ejections active: {active}");
+    assert!(reset > 0, "b reset some");
+    assert_eq!(active, 0, "b is not ejected");
+
+    // b keeps serving everything else: round robin still reaches it.
+    let mut by_b = 0;
+    for i in 0..10 {
+        let resp = client().get(&url).send().await?;
+        assert_eq!(resp.status(), 200, "request {i}");
+        if served_by(&resp) == "apiserver-b" {
+            by_b += 1;
+        }
+    }
+    assert!(by_b >= 3, "b still gets its share: {by_b} of 10");
+    assert_eq!(
+        envoy
+            .stat(&format!(
+                "cluster.{cluster}.outlier_detection.ejections_active"
+            ))
+            .await?,
+        0
+    );
     Ok(())
 }
 

@@ -41,6 +41,7 @@ fn fast_refresh(interval: Duration) -> RefreshConfig {
             initial: Duration::from_millis(50),
             max: Duration::from_millis(200),
         },
+        ..Default::default()
     }
 }
 
@@ -866,6 +867,7 @@ async fn a_new_holder_identity_refetches_at_once_without_if_none_match() -> Resu
         fetcher("apiserver-t", &server.url, FetchConfig::default()),
         RefreshConfig {
             interval: Duration::from_secs(3600),
+            holder_refetch_interval: Duration::from_secs(2),
             ..Default::default()
         },
         metrics.clone(),
@@ -895,6 +897,32 @@ async fn a_new_holder_identity_refetches_at_once_without_if_none_match() -> Resu
     assert!(!w.trigger.observe_holder_identity("apiserver-t_2"));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(server.requests().is_empty());
+
+    // A holder that changes on every renewal (here every 10 ms) within the rate limit: no
+    // fetch until the interval after the last triggered one has passed, then exactly one
+    // (unconditional) for all of them.
+    for i in 3..40 {
+        assert!(w
+            .trigger
+            .observe_holder_identity(&format!("apiserver-t_{i}")));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deferred_within = Duration::from_secs(2).saturating_sub(started.elapsed());
+    assert!(
+        server.requests().is_empty(),
+        "no refetch within the interval: {:?}",
+        server.requests()
+    );
+    tokio::time::sleep(deferred_within + Duration::from_millis(1500)).await;
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2, "one coalesced refetch: {requests:?}");
+    assert!(requests.iter().all(|r| r.header("if-none-match").is_none()));
+    assert!(metrics.coalesced_triggers_total() >= 1);
+    println!(
+        "37 holder changes in {:?}: 1 refetch, {} triggers coalesced",
+        started.elapsed(),
+        metrics.coalesced_triggers_total()
+    );
     Ok(())
 }
 

@@ -33,6 +33,7 @@ fn config(grace: Duration) -> PeerConfig {
         grace,
         policy: AddressPolicy::new(vec![peers::parse_cidr("127.0.0.0/8").unwrap()], []),
         local: LocalSelector::Hostname("apiserver-a".into()),
+        ..Default::default()
     }
 }
 
@@ -890,4 +891,132 @@ fn identity_lease_names_are_kubes() {
         skewgate_tests::identity_lease_name("apiserver-a"),
         "apiserver-g24gd6l4nm7gx56pradztv5ogy"
     );
+}
+
+#[tokio::test]
+async fn a_second_lease_with_the_local_hostname_and_a_flood_of_leases_change_nothing() -> Result<()>
+{
+    use futures_util::StreamExt;
+    const MAX_PEERS: usize = 4;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
+    let w = watch_peers(
+        &a,
+        &dir,
+        PeerConfig {
+            max_peers: MAX_PEERS,
+            ..config(Duration::from_secs(120))
+        },
+    )
+    .await?;
+    let b_lease = b.lease_name();
+    let (before, _) = wait_for(&w, "b joins", Duration::from_secs(20), |s| {
+        s.peer(&b_lease).is_some() && s.local.is_some()
+    })
+    .await?;
+    assert_eq!(
+        before.local.as_ref().map(|l| l.id.clone()),
+        Some(a.lease_name())
+    );
+
+    // Anyone allowed to write Leases in kube-system claims the local hostname, renewing more
+    // recently than the local apiserver, with an address inside the CIDR.
+    let renew = || async {
+        let lease: Value = client()
+            .get(format!("{}{LEASES}/{}", a.url(), a.lease_name()))
+            .send()
+            .await?
+            .json()
+            .await?;
+        anyhow::Ok(
+            lease["spec"]["renewTime"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )
+    };
+    let impostor = "apiserver-0-impostor";
+    tokio::time::sleep(RENEW * 2).await;
+    forge_lease(
+        &a.url(),
+        impostor,
+        "apiserver-a",
+        Some("127.0.0.1:1"),
+        &renew().await?,
+    )
+    .await?;
+    let (set, _) = wait_for(&w, "the impostor is seen", Duration::from_secs(10), |s| {
+        s.excluded(impostor).is_some()
+    })
+    .await?;
+    assert_eq!(
+        set.excluded(impostor).map(|e| e.reason),
+        Some(Exclusion::DuplicateLocal)
+    );
+    assert_eq!(w.metrics.duplicate_local_total(), 1);
+    let local = a.lease_name();
+    let unchanged = |s: &PeerSet| {
+        s.local.as_ref().is_some_and(|l| l.id == local && l.live)
+            && s.peers.iter().map(|p| &p.id).eq([&b_lease])
+            && s.excluded(impostor).map(|e| e.reason) == Some(Exclusion::DuplicateLocal)
+    };
+    let seen = holds_for(
+        &w,
+        "the local lease stays a's",
+        Duration::from_secs(3),
+        unchanged,
+    )
+    .await?;
+    println!("a lease claiming the local hostname: refused, {seen} snapshots unchanged");
+    assert_eq!(w.metrics.duplicate_local_total(), 1, "reported once");
+
+    // 1,000 leases pointing into the CIDR: the routed set never grows past the cap, b (known
+    // longest) keeps its place, the rest are excluded and counted once each.
+    let renew_time = renew().await?;
+    let base = a.url();
+    let started = Instant::now();
+    let results: Vec<Result<()>> = futures_util::stream::iter(0..1000)
+        .map(|i| {
+            let (base, renew_time) = (base.clone(), renew_time.clone());
+            async move {
+                let name = format!("apiserver-flood-{i:04}");
+                forge_lease(&base, &name, &name, Some("127.0.0.9:6443"), &renew_time).await
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    println!("1,000 leases written in {:?}", started.elapsed());
+    let (set, took) = wait_for(&w, "every flood lease seen", Duration::from_secs(60), |s| {
+        s.excluded.len() > 1001 - MAX_PEERS
+    })
+    .await?;
+    println!("flood seen in {took:?}");
+    assert_eq!(set.peers.len(), MAX_PEERS);
+    assert!(set.peer(&b_lease).is_some(), "b keeps its place");
+    assert_eq!(
+        set.excluded
+            .iter()
+            .filter(|e| e.reason == Exclusion::OverCap)
+            .count(),
+        1001 - MAX_PEERS
+    );
+    assert_eq!(w.metrics.over_cap_total(), (1001 - MAX_PEERS) as u64);
+    assert_eq!(
+        set.local.as_ref().map(|l| l.id.clone()),
+        Some(a.lease_name())
+    );
+    holds_for(&w, "capped", Duration::from_secs(2), |s| {
+        s.peers.len() == MAX_PEERS && s.peer(&b_lease).is_some()
+    })
+    .await?;
+    assert_eq!(
+        w.metrics.over_cap_total(),
+        (1001 - MAX_PEERS) as u64,
+        "reported once"
+    );
+    Ok(())
 }

@@ -277,9 +277,22 @@ pub fn cluster(
             pack_any(protocol_options),
         )]),
         transport_socket,
+        // Detection without ejection. Envoy's router reports an upstream stream reset to outlier
+        // detection exactly like a connection failure (`LocalOriginConnectFailed`; its own
+        // TODO says a reset from the wire should be external), so no setting ejects on connect
+        // failures only: `consecutive_local_origin_failure` would eject a peer that resets the
+        // requests it refuses (measured on Envoy 1.40: concurrent resets eject it), taking
+        // every other resource it serves with it. A peer that refuses connections is failed
+        // over per request by the route's retries instead (`connect-failure` on another host,
+        // `previous_hosts`), and dropped from the cluster when its Lease lapses. Detection
+        // stays on (`split_external_local_origin_errors`, nothing enforced) for the
+        // `outlier_detection.ejections_detected_*` stats; 5xx never count.
         outlier_detection: Some(OutlierDetection {
             split_external_local_origin_errors: true,
             consecutive_local_origin_failure: u32v(2),
+            enforcing_consecutive_local_origin_failure: u32v(0),
+            enforcing_failure_percentage_local_origin: u32v(0),
+            enforcing_failure_percentage: u32v(0),
             enforcing_consecutive_5xx: u32v(0),
             enforcing_consecutive_gateway_failure: u32v(0),
             enforcing_success_rate: u32v(0),
@@ -389,6 +402,17 @@ mod tests {
         assert!(outlier.split_external_local_origin_errors);
         assert_eq!(outlier.consecutive_local_origin_failure, u32v(2));
         assert_eq!(outlier.enforcing_consecutive_5xx, u32v(0));
+        // Nothing ejects: a reset is reported like a connect failure (see `cluster`).
+        for enforcing in [
+            &outlier.enforcing_consecutive_local_origin_failure,
+            &outlier.enforcing_consecutive_gateway_failure,
+            &outlier.enforcing_success_rate,
+            &outlier.enforcing_local_origin_success_rate,
+            &outlier.enforcing_failure_percentage,
+            &outlier.enforcing_failure_percentage_local_origin,
+        ] {
+            assert_eq!(*enforcing, u32v(0));
+        }
         let options = &cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS];
         let options = HttpProtocolOptions::decode(options.value.as_slice()).expect("options");
         assert!(matches!(

@@ -48,12 +48,15 @@ pub struct ApiserverSyncStatus {
     pub consecutive_failures: u64,
     /// Legacy group-versions that answered with an HTTP error in the last success.
     pub stale_group_versions: usize,
+    /// Fetches finished, good or not, since this apiserver was first fetched (or came back).
+    pub fetches: u64,
 }
 
 #[derive(Debug, Default)]
 pub struct DiscoveryMetrics {
     errors: [AtomicU64; ErrorType::ALL.len()],
     outcomes: [AtomicU64; SyncOutcome::ALL.len()],
+    coalesced_triggers: AtomicU64,
     apiservers: Mutex<BTreeMap<String, ApiserverSyncStatus>>,
 }
 
@@ -79,6 +82,7 @@ impl DiscoveryMetrics {
         self.with_status(id, |s| {
             s.last_success = Some(SystemTime::now());
             s.consecutive_failures = 0;
+            s.fetches += 1;
             s.stale_group_versions = stale_group_versions;
         });
     }
@@ -92,7 +96,18 @@ impl DiscoveryMetrics {
             s.last_error_type = Some(t);
             s.last_error_time = Some(SystemTime::now());
             s.consecutive_failures += 1;
+            s.fetches += 1;
         });
+    }
+
+    /// A holder-identity refetch trigger came within the rate limit and was deferred or
+    /// coalesced.
+    pub fn record_coalesced_trigger(&self) {
+        self.coalesced_triggers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn coalesced_triggers_total(&self) -> u64 {
+        self.coalesced_triggers.load(Ordering::Relaxed)
     }
 
     /// Drop an apiserver's series (it left the cluster).
@@ -145,6 +160,13 @@ impl DiscoveryMetrics {
                 self.outcomes_total(o)
             );
         }
+        let _ = write!(
+            out,
+            "# HELP skewgate_discovery_holder_refetches_coalesced_total Refetches asked for by a new holder identity within --holder-refetch-interval of the last one: deferred to its end and coalesced.\n\
+             # TYPE skewgate_discovery_holder_refetches_coalesced_total counter\n\
+             skewgate_discovery_holder_refetches_coalesced_total {}\n",
+            self.coalesced_triggers_total()
+        );
         let map = self
             .apiservers
             .lock()
@@ -163,6 +185,18 @@ impl DiscoveryMetrics {
                     seconds(t)
                 );
             }
+        }
+        out.push_str(
+            "# HELP skewgate_discovery_fetches_total Discovery fetches from an apiserver, good or not (its series goes when the peer leaves).\n\
+             # TYPE skewgate_discovery_fetches_total counter\n",
+        );
+        for (id, s) in &map {
+            let _ = writeln!(
+                out,
+                "skewgate_discovery_fetches_total{{apiserver=\"{}\"}} {}",
+                escape(id),
+                s.fetches
+            );
         }
         out.push_str(
             "# HELP skewgate_discovery_consecutive_failures Failed discovery fetches from an apiserver since its last success.\n\

@@ -1,6 +1,7 @@
 //! Keeping one apiserver's discovery current: a task per apiserver that fetches, refreshes
 //! periodically with conditional requests, backs off on failure, refetches at once when its
-//! Lease gets a new holder identity, and publishes only good views.
+//! Lease gets a new holder identity (at most once per [`RefreshConfig::holder_refetch_interval`],
+//! later changes coalesced into one refetch at its end), and publishes only good views.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,6 +24,11 @@ pub struct RefreshConfig {
     pub interval: Duration,
     /// After failures.
     pub backoff: Backoff,
+    /// At most one refetch triggered by a new holder identity per this interval: a trigger
+    /// within it is deferred to its end, and triggers meanwhile are coalesced into that one
+    /// refetch. A Lease writer changing the holder on every renewal then costs one fetch per
+    /// interval, not one per renewal; a real restart is followed at once.
+    pub holder_refetch_interval: Duration,
 }
 
 impl Default for RefreshConfig {
@@ -30,9 +36,13 @@ impl Default for RefreshConfig {
         RefreshConfig {
             interval: Duration::from_secs(30),
             backoff: Backoff::default(),
+            holder_refetch_interval: DEFAULT_HOLDER_REFETCH_INTERVAL,
         }
     }
 }
+
+/// The default of [`RefreshConfig::holder_refetch_interval`].
+pub const DEFAULT_HOLDER_REFETCH_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Attempts so far, for the "first complete sync" rule and for status pages.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -153,6 +163,10 @@ async fn run(
     let mut failures: u32 = 0;
     let mut unconditional = true;
     let mut last_stale: Vec<String> = Vec::new();
+    // When the last triggered refetch started, and a trigger deferred until the interval
+    // after it has passed.
+    let mut last_triggered: Option<tokio::time::Instant> = None;
+    let mut deferred: Option<tokio::time::Instant> = None;
     loop {
         let etags = match (&last, unconditional) {
             (Some((_, etags)), false) => Some(etags),
@@ -219,14 +233,53 @@ async fn run(
                 refresh.backoff.delay(failures, jitter_unit())
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => unconditional = false,
-            _ = trigger.inner.notify.notified() => {
-                info!(apiserver = %id, "refetching discovery now (new holder identity)");
-                unconditional = true;
-                failures = 0;
+        let refresh_at = tokio::time::Instant::now() + delay;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(refresh_at) => {
+                    // A deferred trigger rides on this fetch, made unconditional.
+                    unconditional = deferred.take().is_some();
+                    if unconditional {
+                        last_triggered = Some(tokio::time::Instant::now());
+                    }
+                    break;
+                }
+                _ = trigger.inner.notify.notified() => {
+                    let now = tokio::time::Instant::now();
+                    match last_triggered.map(|t| t + refresh.holder_refetch_interval) {
+                        Some(allowed) if now < allowed => {
+                            if deferred.is_none() {
+                                info!(apiserver = %id, in_ms = (allowed - now).as_millis() as u64, "new holder identity again soon after the last: refetch deferred (further changes coalesced)");
+                            }
+                            deferred = Some(allowed);
+                            metrics.record_coalesced_trigger();
+                        }
+                        _ => {
+                            info!(apiserver = %id, "refetching discovery now (new holder identity)");
+                            last_triggered = Some(now);
+                            unconditional = true;
+                            failures = 0;
+                            break;
+                        }
+                    }
+                }
+                _ = sleep_until_opt(deferred), if deferred.is_some() => {
+                    info!(apiserver = %id, "refetching discovery now (deferred holder identity change)");
+                    deferred = None;
+                    last_triggered = Some(tokio::time::Instant::now());
+                    unconditional = true;
+                    failures = 0;
+                    break;
+                }
             }
         }
+    }
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

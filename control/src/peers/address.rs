@@ -95,6 +95,16 @@ pub enum AddressSource {
     Annotation,
 }
 
+impl AddressSource {
+    /// The operator vouches for this address (`--peer-address`).
+    pub fn is_mapping(self) -> bool {
+        matches!(
+            self,
+            AddressSource::MappingByLease | AddressSource::MappingByHostname
+        )
+    }
+}
+
 /// IPv4-mapped IPv6 becomes the IPv4 address it carries.
 fn canonical(addr: SocketAddr) -> SocketAddr {
     match addr.ip() {

@@ -12,6 +12,8 @@ pub struct PeerMetrics {
     malformed: [AtomicU64; LeaseField::ALL.len()],
     watch_errors: AtomicU64,
     restarts: AtomicU64,
+    duplicate_local: AtomicU64,
+    over_cap: AtomicU64,
     live_peers: AtomicU64,
     excluded_leases: AtomicU64,
 }
@@ -48,6 +50,24 @@ impl PeerMetrics {
 
     pub fn restarts_total(&self) -> u64 {
         self.restarts.load(Ordering::Relaxed)
+    }
+
+    /// A lease claiming the local hostname under another name was refused (once per lease).
+    pub fn duplicate_local(&self) {
+        self.duplicate_local.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn duplicate_local_total(&self) -> u64 {
+        self.duplicate_local.load(Ordering::Relaxed)
+    }
+
+    /// A live peer beyond `--max-peers` was left out (once per lease).
+    pub fn over_cap(&self) {
+        self.over_cap.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn over_cap_total(&self) -> u64 {
+        self.over_cap.load(Ordering::Relaxed)
     }
 
     pub fn set_counts(&self, live: usize, excluded: usize) {
@@ -91,14 +111,22 @@ impl PeerMetrics {
              # HELP skewgate_peer_restarts_total Identity leases that got a new holder identity (apiserver restarts).\n\
              # TYPE skewgate_peer_restarts_total counter\n\
              skewgate_peer_restarts_total {}\n\
+             # HELP skewgate_peer_leases_duplicate_local_total Identity leases refused because they claim the local hostname under a name that is not the local apiserver's (once per lease).\n\
+             # TYPE skewgate_peer_leases_duplicate_local_total counter\n\
+             skewgate_peer_leases_duplicate_local_total {}\n\
+             # HELP skewgate_peer_leases_over_cap_total Live identity leases left out because of --max-peers (once per lease).\n\
+             # TYPE skewgate_peer_leases_over_cap_total counter\n\
+             skewgate_peer_leases_over_cap_total {}\n\
              # HELP skewgate_peers_live Live peer apiservers with an accepted address.\n\
              # TYPE skewgate_peers_live gauge\n\
              skewgate_peers_live {}\n\
-             # HELP skewgate_peer_leases_excluded Identity leases that are not peers (dead, unconfirmed, malformed, no usable address).\n\
+             # HELP skewgate_peer_leases_excluded Identity leases that are not peers (dead, unconfirmed, malformed, no usable address, impostors of the local lease, over the cap).\n\
              # TYPE skewgate_peer_leases_excluded gauge\n\
              skewgate_peer_leases_excluded {}\n",
             self.watch_errors_total(),
             self.restarts_total(),
+            self.duplicate_local_total(),
+            self.over_cap_total(),
             self.live_peers.load(Ordering::Relaxed),
             self.excluded_leases.load(Ordering::Relaxed),
         );

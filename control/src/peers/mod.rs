@@ -50,8 +50,9 @@ pub use address::{
 pub use lease::{parse_micro_time, IdentityLease};
 pub use metrics::PeerMetrics;
 pub use model::{
-    is_live, plausible_at_first_sight, Evaluation, ExcludedPeer, Exclusion, LeaseField, LeaseInfo,
-    LocalLease, LocalSelector, MalformedLease, Moment, Notice, Peer, PeerConfig, PeerSet, Tracker,
-    DEFAULT_GRACE, HOSTNAME_LABEL, IDENTITY_LABEL, IDENTITY_LABEL_VALUE, LEASE_NAMESPACE,
+    identity_lease_name, is_live, plausible_at_first_sight, Evaluation, ExcludedPeer, Exclusion,
+    LeaseField, LeaseInfo, LocalLease, LocalSelector, MalformedLease, Moment, Notice, Peer,
+    PeerConfig, PeerSet, Tracker, DEFAULT_GRACE, DEFAULT_MAX_PEERS, HOSTNAME_LABEL, IDENTITY_LABEL,
+    IDENTITY_LABEL_VALUE, LEASE_NAMESPACE,
 };
 pub use watcher::{client_from_kubeconfig, label_selector, lease_info, PeerWatcher};

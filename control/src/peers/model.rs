@@ -40,8 +40,20 @@
 //!   peer's generation, and whoever fetches its discovery fetches again.
 //! - **addresses**: see [`super::address`] (mapping wins over the annotation; annotations only
 //!   inside the configured CIDRs).
-//! - **which lease is ours**: by lease name, or by the `kubernetes.io/hostname` label. The
-//!   local apiserver is reported apart ([`PeerSet::local`]) and never as a peer.
+//! - **which lease is ours**: by lease name (`--local-lease`), or by host name (`--node-name`):
+//!   then the lease named as kube-apiserver names its own, [`identity_lease_name`]`(hostname)`
+//!   (`apiserver-<hash>`), and no other. Any other lease carrying our `kubernetes.io/hostname`
+//!   label is an impostor: [`Exclusion::DuplicateLocal`], reported once
+//!   ([`Notice::DuplicateLocal`]), never the local lease and never a peer — whoever can write
+//!   Leases in `kube-system` cannot take the local apiserver's place, however recently it
+//!   renews. The local apiserver is reported apart ([`PeerSet::local`]) and never as a peer.
+//! - **a cap on peers**: at most [`PeerConfig::max_peers`] live peers (an HA control plane has
+//!   3–7 apiservers), so a Lease writer cannot make every node route to and poll an unbounded
+//!   number of addresses. Beyond the cap the choice is deterministic and favours what is
+//!   trusted and established: addresses from the operator's mapping first, then the lease we
+//!   have known the longest (first seen on our monotonic clock: a flood of new leases never
+//!   displaces known peers), then the smallest name. The others are [`Exclusion::OverCap`],
+//!   reported once ([`Notice::OverCap`]), never routed and never fetched.
 //! - **a failing watch**: while the lease watch is failing we cannot tell a dead peer from one
 //!   whose renewals we do not see, so liveness is frozen at the moment the watch failed
 //!   ([`PeerSet::stale`]) until it works again. Dropping every peer instead would turn their
@@ -66,6 +78,38 @@ pub const LEASE_NAMESPACE: &str = "kube-system";
 /// Default grace after the last observed renewal before a peer counts as dead (kube renews
 /// every 10 s).
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// Default cap on live peers (an HA control plane has 3–7 apiservers).
+pub const DEFAULT_MAX_PEERS: usize = 16;
+
+/// The name kube-apiserver gives its own identity lease: `apiserver-` and the lower-case,
+/// unpadded base32 of the first 16 bytes of the SHA-256 of the host name and
+/// `kube-apiserver`, each prefixed with its length as a big-endian `u16` (Go's
+/// `cryptobyte.AddUint16LengthPrefixed`), as in kube's `controlplane/apiserver` options.
+pub fn identity_lease_name(hostname: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut data = Vec::new();
+    for part in [hostname.as_bytes(), b"kube-apiserver".as_slice()] {
+        let len = u16::try_from(part.len()).unwrap_or(u16::MAX);
+        data.extend_from_slice(&len.to_be_bytes());
+        data.extend(part.iter().take(usize::from(len)));
+    }
+    let hash = Sha256::digest(&data);
+    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut out = String::from("apiserver-");
+    let (mut buffer, mut bits) = (0u32, 0u32);
+    for byte in hash.iter().take(16) {
+        buffer = (buffer << 8) | u32::from(*byte);
+        bits += 8;
+        while bits >= 5 {
+            bits -= 5;
+            out.push(char::from(ALPHABET[((buffer >> bits) & 31) as usize]));
+        }
+    }
+    if bits > 0 {
+        out.push(char::from(ALPHABET[((buffer << (5 - bits)) & 31) as usize]));
+    }
+    out
+}
 
 /// Which lease belongs to the apiserver this control plane sits beside.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -75,7 +119,9 @@ pub enum LocalSelector {
     None,
     /// `--local-lease apiserver-<hash>`
     LeaseName(String),
-    /// `--node-name <hostname>`: the lease whose `kubernetes.io/hostname` label is this.
+    /// `--node-name <hostname>`: the lease kube-apiserver on this host names its own,
+    /// [`identity_lease_name`]`(hostname)`; any other lease with this `kubernetes.io/hostname`
+    /// label is refused ([`Exclusion::DuplicateLocal`]).
     Hostname(String),
 }
 
@@ -86,6 +132,8 @@ pub struct PeerConfig {
     pub grace: Duration,
     pub policy: AddressPolicy,
     pub local: LocalSelector,
+    /// At most this many live peers (see the module doc for which ones).
+    pub max_peers: usize,
 }
 
 impl Default for PeerConfig {
@@ -94,6 +142,7 @@ impl Default for PeerConfig {
             grace: DEFAULT_GRACE,
             policy: AddressPolicy::default(),
             local: LocalSelector::None,
+            max_peers: DEFAULT_MAX_PEERS,
         }
     }
 }
@@ -225,8 +274,26 @@ pub enum Exclusion {
     Expired,
     /// No usable address (see the reason).
     Address(RejectReason),
-    /// Another lease carries the local hostname; the chosen one is [`PeerSet::local`].
+    /// The lease carries the local hostname but is not named as kube-apiserver names its own
+    /// lease ([`identity_lease_name`]): an impostor, never local, never a peer.
     DuplicateLocal,
+    /// Live with an accepted address, but beyond [`PeerConfig::max_peers`].
+    OverCap,
+}
+
+impl Exclusion {
+    /// The metric label of the exclusions counted by reason.
+    pub fn label(self) -> &'static str {
+        match self {
+            Exclusion::Malformed(_) => "malformed",
+            Exclusion::NeverRenewed => "never_renewed",
+            Exclusion::Unconfirmed => "unconfirmed",
+            Exclusion::Expired => "expired",
+            Exclusion::Address(_) => "address",
+            Exclusion::DuplicateLocal => "duplicate_local",
+            Exclusion::OverCap => "over_cap",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -309,6 +376,16 @@ pub enum Notice {
         field: LeaseField,
         detail: String,
     },
+    /// A lease claims the local hostname under a name that is not the local apiserver's:
+    /// refused. Reported once per lease (again if it comes back after being accepted or gone).
+    DuplicateLocal {
+        id: String,
+        hostname: String,
+        /// The name the local apiserver's lease has.
+        expected: String,
+    },
+    /// A live peer beyond the cap: not routed, not fetched. Reported once per lease.
+    OverCap { id: String, max_peers: usize },
 }
 
 /// The result of one evaluation.
@@ -326,6 +403,9 @@ struct Tracked {
     info: LeaseInfo,
     /// `None`: seen only with an implausible `renewTime` and never renewed since.
     observed: Option<Instant>,
+    /// When we first saw the lease (kept across re-lists while it exists): seniority for
+    /// the cap on peers.
+    first_seen: Instant,
 }
 
 /// What was last reported about a lease, so it is reported once.
@@ -333,6 +413,8 @@ struct Tracked {
 enum Reported {
     Address(Option<String>, RejectReason),
     Malformed(MalformedLease),
+    DuplicateLocal,
+    OverCap,
 }
 
 /// The leases seen so far, when each was last seen renewed, and the generations handed out.
@@ -415,6 +497,10 @@ impl Tracker {
 
     /// A lease was added or changed, seen `at`.
     pub fn apply(&mut self, info: LeaseInfo, at: Moment) {
+        let first_seen = self
+            .leases
+            .get(&info.name)
+            .map_or(at.mono, |known| known.first_seen);
         let observed = match self.leases.get(&info.name) {
             // Nothing renewed (e.g. an annotation changed, or a re-list): keep what we had.
             Some(known) if known.info.same_renewal(&info) => known.observed,
@@ -429,8 +515,14 @@ impl Tracker {
         if info.malformed.is_none() {
             self.generation_for(&info);
         }
-        self.leases
-            .insert(info.name.clone(), Tracked { info, observed });
+        self.leases.insert(
+            info.name.clone(),
+            Tracked {
+                info,
+                observed,
+                first_seen,
+            },
+        );
     }
 
     /// A lease was deleted.
@@ -470,36 +562,18 @@ impl Tracker {
         self.synced = true;
     }
 
-    fn local_name(&self, now: Instant) -> Option<String> {
-        match &self.config.local {
-            LocalSelector::None => None,
-            LocalSelector::LeaseName(n) => self
-                .leases
-                .get(n)
-                .filter(|t| t.info.malformed.is_none())
-                .map(|_| n.clone()),
-            LocalSelector::Hostname(h) => self
-                .leases
-                .values()
-                .filter(|t| t.info.malformed.is_none())
-                .filter(|t| t.info.hostname.as_deref() == Some(h.as_str()))
-                // Prefer live, then the latest observed renewal, then the latest renewTime (the
-                // writers' clocks: only a tie-break), then the smallest name.
-                .max_by(|a, b| {
-                    let key = |t: &Tracked| {
-                        (
-                            t.info.renew_time.is_some()
-                                && is_live(t.observed, now, self.config.grace),
-                            t.observed,
-                            t.info.renew_time,
-                        )
-                    };
-                    key(a)
-                        .cmp(&key(b))
-                        .then_with(|| b.info.name.cmp(&a.info.name))
-                })
-                .map(|t| t.info.name.clone()),
-        }
+    fn local_name(&self) -> Option<String> {
+        let name = match &self.config.local {
+            LocalSelector::None => return None,
+            LocalSelector::LeaseName(n) => n.clone(),
+            // kube's own name for the lease of this host, and no other: a lease claiming the
+            // hostname under another name is refused, however recently it renews.
+            LocalSelector::Hostname(h) => identity_lease_name(h),
+        };
+        self.leases
+            .get(&name)
+            .filter(|t| t.info.malformed.is_none())
+            .map(|_| name)
     }
 
     /// The peer set as of `now` (or as of the watch failure, while it fails), and what to
@@ -508,7 +582,9 @@ impl Tracker {
         let stale = self.frozen_at.is_some();
         let now = self.frozen_at.map_or(now, |f| f.min(now));
         let grace = self.config.grace;
-        let local_name = self.local_name(now);
+        let local_name = self.local_name();
+        // Live peers with an accepted address, before the cap: (peer, first seen).
+        let mut candidates: Vec<(Peer, Instant)> = Vec::new();
         let mut set = PeerSet {
             synced: self.synced,
             stale,
@@ -517,7 +593,12 @@ impl Tracker {
         let mut notices = std::mem::take(&mut self.pending_notices);
         let mut next_expiry: Option<Duration> = None;
         let mut still_reported = BTreeMap::new();
-        for Tracked { info, observed } in self.leases.values() {
+        for Tracked {
+            info,
+            observed,
+            first_seen,
+        } in self.leases.values()
+        {
             let holder = info.holder_identity.clone().unwrap_or_default();
             let generation = self
                 .generations
@@ -565,6 +646,15 @@ impl Tracker {
             }
             if let LocalSelector::Hostname(h) = &self.config.local {
                 if info.hostname.as_deref() == Some(h.as_str()) {
+                    let key = Reported::DuplicateLocal;
+                    if self.reported.get(&info.name) != Some(&key) {
+                        notices.push(Notice::DuplicateLocal {
+                            id: info.name.clone(),
+                            hostname: h.clone(),
+                            expected: identity_lease_name(h),
+                        });
+                    }
+                    still_reported.insert(info.name.clone(), key);
                     set.excluded.push(exclude(Exclusion::DuplicateLocal));
                     continue;
                 }
@@ -586,15 +676,18 @@ impl Tracker {
                 info.hostname.as_deref(),
                 info.peer_advertise_address.as_deref(),
             ) {
-                Ok((address, address_source)) => set.peers.push(Peer {
-                    id: info.name.clone(),
-                    holder_identity: holder,
-                    hostname: info.hostname.clone(),
-                    renew_time,
-                    address,
-                    address_source,
-                    generation,
-                }),
+                Ok((address, address_source)) => candidates.push((
+                    Peer {
+                        id: info.name.clone(),
+                        holder_identity: holder,
+                        hostname: info.hostname.clone(),
+                        renew_time,
+                        address,
+                        address_source,
+                        generation,
+                    },
+                    *first_seen,
+                )),
                 Err(reason) => {
                     let value = info.peer_advertise_address.clone();
                     let key = Reported::Address(value.clone(), reason);
@@ -610,6 +703,33 @@ impl Tracker {
                 }
             }
         }
+        // The cap: the operator's mapping first, then the longest known, then the smallest
+        // name (`candidates` is in name order and the sort is stable).
+        if candidates.len() > self.config.max_peers {
+            candidates.sort_by_key(|(p, first_seen)| (!p.address_source.is_mapping(), *first_seen));
+        }
+        for (i, (peer, _)) in candidates.into_iter().enumerate() {
+            if i < self.config.max_peers {
+                set.peers.push(peer);
+                continue;
+            }
+            let key = Reported::OverCap;
+            if self.reported.get(&peer.id) != Some(&key) {
+                notices.push(Notice::OverCap {
+                    id: peer.id.clone(),
+                    max_peers: self.config.max_peers,
+                });
+            }
+            still_reported.insert(peer.id.clone(), key);
+            set.excluded.push(ExcludedPeer {
+                id: peer.id,
+                holder_identity: peer.holder_identity,
+                generation: peer.generation,
+                reason: Exclusion::OverCap,
+            });
+        }
+        set.peers.sort_by(|a, b| a.id.cmp(&b.id));
+        set.excluded.sort_by(|a, b| a.id.cmp(&b.id));
         // Forget reports of leases that are gone, dead, repaired or accepted now: a relapse
         // is reported.
         self.reported = still_reported;
@@ -667,6 +787,7 @@ mod tests {
             grace: Duration::from_secs(30),
             policy: AddressPolicy::new(cidrs.iter().map(|c| parse_cidr(c).unwrap()).collect(), []),
             local: LocalSelector::None,
+            max_peers: DEFAULT_MAX_PEERS,
         }
     }
 
@@ -1218,9 +1339,14 @@ mod tests {
         assert!(e.set.excluded.is_empty());
         assert!(e.notices.is_empty());
 
-        cfg.local = LocalSelector::Hostname("host-apiserver-b".into());
+        // By host name: the lease kube-apiserver on that host names its own.
+        let b_name = identity_lease_name("cp-b");
+        let mut b = lease(&b_name, "b_1", Some(0), Some("10.0.0.2:1"));
+        b.hostname = Some("cp-b".into());
+        let leases = vec![lease("apiserver-a", "a_1", Some(0), None), b];
+        cfg.local = LocalSelector::Hostname("cp-b".into());
         let e = synced(cfg.clone(), leases.clone()).evaluate(mono(1));
-        assert_eq!(e.set.local.as_ref().unwrap().id, "apiserver-b");
+        assert_eq!(e.set.local.as_ref().unwrap().id, b_name);
         // apiserver-a has no address: excluded, reported.
         assert!(e.set.peers.is_empty());
         assert_eq!(
@@ -1228,27 +1354,229 @@ mod tests {
             Exclusion::Address(RejectReason::Missing)
         );
 
-        // Two leases claim our hostname: the live, most recently renewed one is ours.
-        let mut dup = lease("apiserver-z", "z", Some(5), Some("10.0.0.26:1"));
-        dup.hostname = Some("host-apiserver-b".into());
-        let mut more = leases.clone();
-        more.push(dup);
-        let e = synced(cfg.clone(), more).evaluate(mono(6));
-        assert_eq!(e.set.local.as_ref().unwrap().id, "apiserver-z");
-        assert_eq!(
-            e.set.excluded("apiserver-b").unwrap().reason,
-            Exclusion::DuplicateLocal
-        );
-
         // A dead local lease is still reported as local, flagged dead.
-        let e = synced(cfg, leases).evaluate(mono(100));
+        let e = synced(cfg.clone(), leases.clone()).evaluate(mono(100));
         let local = e.set.local.unwrap();
-        assert_eq!((local.id.as_str(), local.live), ("apiserver-b", false));
+        assert_eq!((local.id.as_str(), local.live), (b_name.as_str(), false));
+
+        // Only a lease named as kube names it is ours: a lease with our hostname label under
+        // another name is nobody's, even when it is the only one.
+        let mut impostor = lease("apiserver-z", "z", Some(0), Some("10.0.0.26:1"));
+        impostor.hostname = Some("cp-b".into());
+        let e = synced(cfg.clone(), vec![impostor]).evaluate(mono(1));
+        assert!(e.set.local.is_none());
+        assert!(e.set.peers.is_empty());
 
         // Not present: no local.
         let mut cfg = config(&["10.0.0.0/8"]);
         cfg.local = LocalSelector::LeaseName("apiserver-x".into());
         assert!(synced(cfg, vec![]).evaluate(mono(0)).set.local.is_none());
+    }
+
+    #[test]
+    fn kubes_identity_lease_name() {
+        // sha256(\x00\x0bapiserver-a \x00\x0ekube-apiserver), first 16 bytes, base32, lower
+        // case: the value the test harness computes independently.
+        assert_eq!(
+            identity_lease_name("apiserver-a"),
+            "apiserver-g24gd6l4nm7gx56pradztv5ogy"
+        );
+        assert_ne!(identity_lease_name("cp-1"), identity_lease_name("cp-2"));
+    }
+
+    #[test]
+    fn a_second_lease_claiming_the_local_hostname_changes_nothing() {
+        let ours = identity_lease_name("cp-1");
+        let mut local = lease(&ours, "l_1", Some(0), None);
+        local.hostname = Some("cp-1".into());
+        let peer = lease("apiserver-p", "p_1", Some(0), Some("10.0.0.2:1"));
+        let mut cfg = config(&["10.0.0.0/8"]);
+        cfg.local = LocalSelector::Hostname("cp-1".into());
+        let mut t = synced(cfg, vec![local.clone(), peer.clone()]);
+        let before = t.evaluate(mono(1)).set;
+        assert_eq!(before.local.as_ref().unwrap().id, ours);
+
+        // (impostor name, renews after ours, dead local): none of it makes the impostor ours
+        // nor a peer, and the set is otherwise unchanged.
+        let cases = [
+            ("apiserver-0", false, false),  // sorts first
+            ("apiserver-zzz", true, false), // renews more recently
+            ("apiserver-m", true, true),    // ours is dead, the impostor is live
+        ];
+        for (name, renews, local_dead) in cases {
+            let mut t = synced(
+                PeerConfig {
+                    local: LocalSelector::Hostname("cp-1".into()),
+                    ..config(&["10.0.0.0/8"])
+                },
+                vec![local.clone(), peer.clone()],
+            );
+            let mut imp = lease(name, &format!("{name}_x"), Some(0), Some("10.0.0.66:1"));
+            imp.hostname = Some("cp-1".into());
+            t.apply(imp.clone(), at(1));
+            let now = if local_dead { 40 } else { 5 };
+            if renews {
+                imp.renew_time = Some(wall(now - 1));
+                t.apply(imp.clone(), at(now - 1));
+                t.apply(
+                    lease("apiserver-p", "p_1", Some(now - 1), Some("10.0.0.2:1")),
+                    at(now - 1),
+                );
+            }
+            let e = t.evaluate(mono(now));
+            let l = e.set.local.as_ref().unwrap();
+            assert_eq!(l.id, ours, "{name}");
+            assert_eq!(l.live, !local_dead, "{name}");
+            assert_eq!(ids(&e.set), ["apiserver-p"], "{name}");
+            assert_eq!(
+                e.set.excluded(name).unwrap().reason,
+                Exclusion::DuplicateLocal,
+                "{name}"
+            );
+            assert_eq!(
+                e.notices,
+                [Notice::DuplicateLocal {
+                    id: name.into(),
+                    hostname: "cp-1".into(),
+                    expected: ours.clone(),
+                }],
+                "{name}: reported"
+            );
+            // Reported once.
+            t.apply(imp.clone(), at(now));
+            assert!(t.evaluate(mono(now)).notices.is_empty(), "{name}: once");
+        }
+        // And before any impostor: the same local, the same peers.
+        let e = t.evaluate(mono(2));
+        assert_eq!(e.set.local, before.local);
+        assert_eq!(e.set.peers, before.peers);
+    }
+
+    #[test]
+    fn peers_beyond_the_cap_are_excluded_deterministically() {
+        // (max, leases as (name, first seen at, mapped), expected peers, over the cap)
+        type Case = (
+            usize,
+            &'static [(&'static str, u64, bool)],
+            &'static [&'static str],
+            &'static [&'static str],
+        );
+        let cases: &[Case] = &[
+            // Under or at the cap: everyone.
+            (3, &[("a", 0, false), ("b", 0, false)], &["a", "b"], &[]),
+            (2, &[("a", 0, false), ("b", 0, false)], &["a", "b"], &[]),
+            // Seen together: the smallest names.
+            (
+                2,
+                &[("c", 0, false), ("a", 0, false), ("b", 0, false)],
+                &["a", "b"],
+                &["c"],
+            ),
+            // Known longer wins over a smaller name.
+            (
+                2,
+                &[("a", 5, false), ("b", 0, false), ("c", 1, false)],
+                &["b", "c"],
+                &["a"],
+            ),
+            // The operator's mapping wins over everything.
+            (1, &[("a", 0, false), ("z", 9, true)], &["z"], &["a"]),
+            (
+                2,
+                &[
+                    ("a", 0, false),
+                    ("b", 0, false),
+                    ("y", 9, true),
+                    ("z", 8, true),
+                ],
+                &["y", "z"],
+                &["a", "b"],
+            ),
+        ];
+        for (max, leases, peers, over) in cases {
+            let mut cfg = PeerConfig {
+                policy: AddressPolicy::new(
+                    vec![parse_cidr("10.0.0.0/8").unwrap()],
+                    leases
+                        .iter()
+                        .filter(|(_, _, mapped)| *mapped)
+                        .map(|(n, _, _)| {
+                            MappingEntry::ByLease(n.to_string(), "192.0.2.1:6444".parse().unwrap())
+                        })
+                        .collect::<Vec<_>>(),
+                ),
+                ..config(&[])
+            };
+            cfg.max_peers = *max;
+            let mut t = synced(cfg, vec![]);
+            let mut order: Vec<_> = leases.to_vec();
+            order.sort_by_key(|(_, seen, _)| *seen);
+            for (n, seen, _) in &order {
+                t.apply(
+                    lease(n, &format!("{n}_1"), Some(*seen), Some("10.0.0.1:1")),
+                    at(*seen),
+                );
+            }
+            let e = t.evaluate(mono(10));
+            assert_eq!(ids(&e.set), *peers, "{max} {leases:?}");
+            let excluded: Vec<&str> = e
+                .set
+                .excluded
+                .iter()
+                .filter(|x| x.reason == Exclusion::OverCap)
+                .map(|x| x.id.as_str())
+                .collect();
+            assert_eq!(excluded, *over, "{max} {leases:?}");
+            let reported: Vec<&str> = e
+                .notices
+                .iter()
+                .filter_map(|n| match n {
+                    Notice::OverCap { id, max_peers } if max_peers == max => Some(id.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(reported, *over, "reported");
+            assert!(t.evaluate(mono(11)).notices.is_empty(), "reported once");
+        }
+    }
+
+    #[test]
+    fn a_flood_of_leases_never_displaces_known_peers() {
+        let mut cfg = config(&["10.0.0.0/8"]);
+        cfg.max_peers = 3;
+        let mut t = synced(
+            cfg,
+            vec![
+                lease("apiserver-m", "m", Some(0), Some("10.0.0.1:1")),
+                lease("apiserver-n", "n", Some(0), Some("10.0.0.2:1")),
+            ],
+        );
+        for i in 0..1000 {
+            let name = format!("apiserver-{i:04}");
+            t.apply(lease(&name, "x", Some(1), Some("10.0.1.1:1")), at(1));
+        }
+        let e = t.evaluate(mono(2));
+        assert_eq!(
+            ids(&e.set),
+            ["apiserver-0000", "apiserver-m", "apiserver-n"]
+        );
+        assert_eq!(e.set.excluded.len(), 999);
+        assert_eq!(e.notices.len(), 999);
+        // A re-list keeps seniority.
+        t.begin_relist();
+        t.relist_apply(lease("apiserver-m", "m", Some(0), Some("10.0.0.1:1")));
+        t.relist_apply(lease("apiserver-n", "n", Some(0), Some("10.0.0.2:1")));
+        for i in 0..1000 {
+            let name = format!("apiserver-{i:04}");
+            t.relist_apply(lease(&name, "x", Some(1), Some("10.0.1.1:1")));
+        }
+        t.finish_relist(at(3));
+        let e = t.evaluate(mono(4));
+        assert_eq!(
+            ids(&e.set),
+            ["apiserver-0000", "apiserver-m", "apiserver-n"]
+        );
+        assert!(e.notices.is_empty());
     }
 
     #[test]

@@ -115,6 +115,27 @@ fn report(notice: &Notice, metrics: &PeerMetrics) {
                 "ignoring identity lease: no acceptable peer address"
             );
         }
+        Notice::DuplicateLocal {
+            id,
+            hostname,
+            expected,
+        } => {
+            metrics.duplicate_local();
+            warn!(
+                lease = %loggable(id),
+                hostname = %loggable(hostname),
+                local_lease = %expected,
+                "refusing identity lease: it claims the local hostname but is not the local apiserver's lease"
+            );
+        }
+        Notice::OverCap { id, max_peers } => {
+            metrics.over_cap();
+            warn!(
+                peer = %loggable(id),
+                max_peers,
+                "ignoring live identity lease: more peers than --max-peers (not routed, not fetched)"
+            );
+        }
         Notice::Malformed { id, field, detail } => {
             metrics.malformed(*field);
             warn!(

@@ -296,6 +296,8 @@ mod tests {
         command: Command,
     }
 
+    // Test-only and short-lived: the size of `RunArgs` does not matter here.
+    #[allow(clippy::large_enum_variant)]
     #[derive(clap::Subcommand)]
     enum Command {
         Run(RunArgs),

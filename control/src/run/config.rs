@@ -57,6 +57,17 @@ pub struct RunArgs {
     /// A peer whose Lease was not renewed for this long is dead (kube renews every 10s).
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub lease_grace: Duration,
+    /// At most this many live peers are routed to and fetched (an HA control plane has 3–7
+    /// apiservers). Beyond it, leases are left out, logged and counted: the operator's
+    /// --peer-address mapping first, then the longest known, then the smallest name.
+    #[arg(long, default_value_t = peers::DEFAULT_MAX_PEERS, value_name = "N")]
+    pub max_peers: usize,
+    /// At most one discovery refetch per peer in this interval is triggered by a new holder
+    /// identity (an apiserver restart); further changes within it are coalesced into one
+    /// refetch at its end, so a Lease whose holder changes on every renewal cannot make us
+    /// refetch on every renewal.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub holder_refetch_interval: Duration,
     #[command(flatten)]
     pub upstream: UpstreamTlsFlags,
     /// Where to serve delta ADS to Envoy (loopback only; `skewgate-control bootstrap
@@ -110,6 +121,7 @@ pub struct RunConfig {
     pub initial_sync_timeout: Duration,
     pub discovery_refresh_interval: Duration,
     pub discovery_timeout: Duration,
+    pub holder_refetch_interval: Duration,
     pub api_retention: Duration,
     pub state_dir: Option<PathBuf>,
 }
@@ -165,6 +177,13 @@ impl RunArgs {
         if self.lease_grace.is_zero() {
             return Err(FlagError::flag("--lease-grace", "0s", "must be positive"));
         }
+        if self.max_peers == 0 {
+            return Err(FlagError::flag(
+                "--max-peers",
+                "0",
+                "must be at least 1 (peers are found by their identity Leases)",
+            ));
+        }
         let (scheme, upstream_tls) = self.upstream.resolve()?;
         let local_api = parse_local_url(self.local_apiserver_url.trim(), scheme)?;
         absolute("--wasm", &self.wasm)?;
@@ -183,6 +202,7 @@ impl RunArgs {
                 grace: self.lease_grace,
                 policy: AddressPolicy::new(cidrs, mapping),
                 local,
+                max_peers: self.max_peers,
             },
             scheme,
             upstream_tls,
@@ -192,6 +212,7 @@ impl RunArgs {
             initial_sync_timeout: self.initial_sync_timeout,
             discovery_refresh_interval: self.discovery_refresh_interval,
             discovery_timeout: self.discovery_timeout,
+            holder_refetch_interval: self.holder_refetch_interval,
             api_retention: self.api_retention,
             state_dir: self.state_dir.clone(),
         })
@@ -245,6 +266,14 @@ mod tests {
         assert_eq!(c.local_fallback_id(), "node/cp-1");
         assert_eq!(c.peers.grace, Duration::from_secs(30));
         assert_eq!(c.discovery_timeout, Duration::from_secs(10));
+        assert_eq!(c.peers.max_peers, 16);
+        assert_eq!(c.holder_refetch_interval, Duration::from_secs(10));
+        let c = args(&[], &["--max-peers=5", "--holder-refetch-interval=1m"])
+            .expect("parses")
+            .validate()
+            .expect("valid");
+        assert_eq!(c.peers.max_peers, 5);
+        assert_eq!(c.holder_refetch_interval, Duration::from_secs(60));
 
         let plain = args(
             &[
@@ -306,6 +335,8 @@ mod tests {
             ),
             ("relative wasm", vec!["wasm"], vec!["--wasm=skewgate.wasm"]),
             ("zero grace", vec![], vec!["--lease-grace=0s"]),
+            ("no peers allowed", vec![], vec!["--max-peers=0"]),
+            ("negative cap", vec![], vec!["--max-peers=-1"]),
             ("bad duration", vec![], vec!["--discovery-timeout=soon"]),
         ];
         for (what, drop, add) in bad {

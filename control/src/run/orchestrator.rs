@@ -194,6 +194,7 @@ impl Orchestrator {
                     .discovery_refresh_interval
                     .min(Duration::from_secs(30)),
             },
+            holder_refetch_interval: config.holder_refetch_interval,
         };
         let local_refresh = RefreshConfig {
             interval: LOCAL_REFRESH.min(config.discovery_refresh_interval),
@@ -201,6 +202,7 @@ impl Orchestrator {
                 initial: Duration::from_millis(250),
                 max: LOCAL_REFRESH,
             },
+            holder_refetch_interval: config.holder_refetch_interval,
         };
         let (retention, state_dir) = match &config.state_dir {
             Some(dir) => {

@@ -1,7 +1,7 @@
 //! The accept loop: plain HTTP or TLS, HTTP/1.1 (with upgrades) and HTTP/2 on the same port
 //! (ALPN over TLS, prior knowledge in plain text), each request carrying the [`ConnInfo`] of
 //! its connection. A handler can ask for its connection to be closed gracefully (GOAWAY on
-//! HTTP/2) through `ConnInfo::close`. On shutdown it stops accepting and lets open connections
+//! HTTP/2) through `ConnInfo::close`, or dropped at once through `ConnInfo::abort`. On shutdown it stops accepting and lets open connections
 //! finish.
 
 use std::future::Future;
@@ -63,6 +63,7 @@ pub async fn serve(
             info: ConnInfo {
                 id: next_id.fetch_add(1, Ordering::Relaxed),
                 close: Some(Arc::new(Notify::new())),
+                abort: Some(Arc::new(Notify::new())),
                 ..ConnInfo::default()
             },
         };
@@ -114,6 +115,7 @@ impl Conn {
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let close = self.info.close.clone().unwrap_or_default();
+        let abort = self.info.abort.clone().unwrap_or_default();
         let (info, app) = (self.info.clone(), self.app.clone());
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(info.clone());
@@ -129,6 +131,8 @@ impl Conn {
             tokio::select! {
                 // Clients that hang up mid-request are no news.
                 _ = conn.as_mut() => break,
+                // Dropped: the socket closes with nothing answered (a reset, to the client).
+                _ = abort.notified() => break,
                 _ = close.notified(), if !draining => {
                     conn.as_mut().graceful_shutdown();
                     draining = true;

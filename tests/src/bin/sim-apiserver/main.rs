@@ -109,6 +109,10 @@ struct Args {
     /// How often watches that allow bookmarks get one (kube: about a minute).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     bookmark_interval: Duration,
+    /// Reset (drop the connection, answer nothing) every request whose path and query contain
+    /// this string: a peer refusing one kind of request while serving the rest.
+    #[arg(long)]
+    reset_requests_with: Option<String>,
     #[command(flatten)]
     secure: SecureArgs,
 }
@@ -304,6 +308,7 @@ async fn main() -> anyhow::Result<()> {
         shutdown_rx,
     );
     state.auth = authn;
+    state.reset_requests_with = args.reset_requests_with.clone().filter(|m| !m.is_empty());
     state.http2_dos_mitigation = args
         .secure
         .feature_gate("UnauthenticatedHTTP2DOSMitigation")?

@@ -53,6 +53,10 @@ pub struct AppState {
     /// kube's `UnauthenticatedHTTP2DOSMitigation`: an HTTP/2 connection that carried an
     /// anonymous or rejected request is closed (GOAWAY) once its requests in flight finish.
     pub http2_dos_mitigation: bool,
+    /// `--reset-requests-with`: a request whose path and query contain this is never answered;
+    /// its connection is dropped (what a client sees of an apiserver refusing a malformed
+    /// request by resetting it).
+    pub reset_requests_with: Option<String>,
 }
 
 impl AppState {
@@ -78,6 +82,7 @@ impl AppState {
                 ..Default::default()
             },
             http2_dos_mitigation: false,
+            reset_requests_with: None,
         }
     }
 }
@@ -87,6 +92,17 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     let uri = req.uri().clone();
     let headers = req.headers().clone();
     let conn = req.extensions().get::<ConnInfo>().cloned();
+    if let Some(marker) = &state.reset_requests_with {
+        let target = uri.path_and_query().map_or("", |p| p.as_str());
+        if target.contains(marker.as_str()) {
+            if let Some(abort) = conn.as_ref().and_then(|c| c.abort.as_ref()) {
+                eprintln!("{}: resetting {method} {target}", state.id);
+                abort.notify_one();
+                // The connection task drops this request with its connection.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
     let auth = state.auth.authenticate(conn.as_ref(), &headers);
     let unauthenticated = auth.as_ref().map_or(true, UserInfo::is_anonymous);
     if state.http2_dos_mitigation && req.version() == Version::HTTP_2 && unauthenticated {

@@ -27,6 +27,8 @@ pub struct ConnInfo {
     /// Notified to close the connection gracefully after the requests in flight (HTTP/2:
     /// GOAWAY), like Go's `Connection: close` on an HTTP/2 response.
     pub close: Option<Arc<tokio::sync::Notify>>,
+    /// Notified to drop the connection at once, answering nothing (`--reset-requests-with`).
+    pub abort: Option<Arc<tokio::sync::Notify>>,
     pub tls: bool,
     /// The negotiated ALPN protocol (`h2`, `http/1.1`), if any.
     pub alpn: Option<String>,
