@@ -60,7 +60,7 @@ pub struct RunArgs {
     /// At most this many live peers are routed to and fetched (an HA control plane has 3–7
     /// apiservers). Beyond it, leases are left out, logged and counted: the operator's
     /// --peer-address mapping first, then the longest known, then the smallest name.
-    #[arg(long, default_value_t = peers::DEFAULT_MAX_PEERS, value_name = "N")]
+    #[arg(long, default_value_t = crate::peers::DEFAULT_MAX_PEERS, value_name = "N")]
     pub max_peers: usize,
     /// At most one discovery refetch per peer in this interval is triggered by a new holder
     /// identity (an apiserver restart); further changes within it are coalesced into one
