@@ -9,7 +9,7 @@
 //! (Envoy's "SDS key rotation"): when a file is replaced, Envoy reads the files again, checks
 //! that the certificate and key match, and uses them for new connections; connections already
 //! open (watches, exec sessions) keep going. Measured on Envoy 1.40 (`tests/tests/identity.rs`
-//! and docs/ARCHITECTURE.md "Certificate rotation"): a rename into the directory and, with
+//! and docs/ARCHITECTURE.md, "Envoy 1.40 facts"): a rename into the directory and, with
 //! `watch_modify`, an in-place rewrite (what `kubeadm certs renew` does) both take effect
 //! within a second; a certificate that does not match its key, or does not parse, is refused
 //! with a warning and the previous one stays.
