@@ -141,6 +141,22 @@ pub fn absolute(flag: &'static str, path: &Path) -> Result<(), FlagError> {
     }
 }
 
+/// `--sds-dir` of `run` and `bootstrap`: where the SDS files of the certificates Envoy uses
+/// are written (`crate::envoy::secrets`). Needed, and absolute, when there is TLS (`tls`);
+/// `None` otherwise.
+pub fn sds_dir(value: Option<&Path>, tls: bool) -> Result<Option<PathBuf>, FlagError> {
+    match (value, tls) {
+        (_, false) => Ok(None),
+        (None, true) => Err(FlagError::Combination(
+            "TLS needs --sds-dir: a directory Envoy can read where the SDS files naming the certificates are written, so that renewed certificates take effect without a restart".into(),
+        )),
+        (Some(dir), true) => {
+            absolute("--sds-dir", dir)?;
+            Ok(Some(dir.to_path_buf()))
+        }
+    }
+}
+
 /// The local apiserver as the flags give it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalApiserver {

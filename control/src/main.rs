@@ -56,7 +56,8 @@ struct RenderStatic {
     wasm: PathBuf,
     /// Where to write the configuration (created if missing): `envoy.yaml` (start Envoy with
     /// `envoy -c DIR/envoy.yaml`), the clusters and the filter configuration it reads
-    /// (`clusters.pb`, `filter.pb`), and `filter-config.json` to read.
+    /// (`clusters.pb`, `filter.pb`), the SDS files naming the certificates (`skewgate-*.pb`),
+    /// and `filter-config.json` to read.
     #[arg(long, value_name = "DIR")]
     out_dir: PathBuf,
     #[command(flatten)]

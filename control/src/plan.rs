@@ -18,7 +18,7 @@ use skewgate_core::group_version::GroupVersion;
 use crate::discovery::documents::DiscoveryDocuments;
 use crate::discovery::payload;
 use crate::discovery::ServedApis;
-use crate::envoy::{Address, EnvoyError, UpstreamTls};
+use crate::envoy::{Address, EnvoyError};
 use crate::routing::{self, Peer, RoutingPlan};
 use crate::xds::{Snapshot, SnapshotInputs};
 
@@ -49,7 +49,9 @@ pub struct PlanInputs<'a> {
     pub retained: &'a [RetainedView<'a>],
     pub shared_storage: &'a BTreeSet<GroupVersion>,
     pub wasm_path: &'a Path,
-    pub upstream_tls: Option<&'a UpstreamTls>,
+    /// TLS to the apiservers: the directory of the SDS files of the peer CA and the
+    /// proxy-client certificate ([`crate::envoy::secrets`]); `None`: plaintext.
+    pub upstream_sds: Option<&'a Path>,
 }
 
 /// Whether merged discovery made it into the filter configuration.
@@ -226,7 +228,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
             wasm_path: inputs.wasm_path,
             local: inputs.local.address,
             peers: &addresses,
-            upstream_tls: inputs.upstream_tls,
+            upstream_sds: inputs.upstream_sds,
         },
     )?;
     Ok(Plan {
@@ -265,7 +267,7 @@ mod tests {
             retained,
             shared_storage: &BTreeSet::new(),
             wasm_path: Path::new("/opt/skewgate.wasm"),
-            upstream_tls: None,
+            upstream_sds: None,
         })
         .expect("plans")
     }

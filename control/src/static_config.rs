@@ -1,5 +1,6 @@
 //! The static mode in one call: [`plan`](crate::plan::plan) a fixed set of apiservers, write
-//! the Envoy resources as files ([`crate::xds::files`]) and the bootstrap that reads them
+//! the certificates' SDS files ([`crate::envoy::secrets`]), the Envoy resources as files
+//! ([`crate::xds::files`]) and the bootstrap that reads them
 //! ([`crate::envoy::bootstrap`] with [`ConfigSource::Files`]). Used by
 //! `skewgate-control render-static` and by the integration tests' Envoy harness: the same
 //! plan, resources and bootstrap as the live mode, delivered by files instead of ADS.
@@ -11,6 +12,7 @@ use std::time::Duration;
 use skewgate_core::group_version::GroupVersion;
 
 use crate::envoy::bootstrap::{Bootstrap, ConfigSource, PeerPassthrough};
+use crate::envoy::secrets::{serving_secrets, upstream_secrets};
 use crate::envoy::{Address, EnvoyError, ServingTls, UpstreamTls};
 use crate::plan::{plan, ApiserverView, Plan, PlanError, PlanInputs};
 use crate::xds::files;
@@ -69,17 +71,26 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
         let path = path.to_path_buf();
         move |source| StaticConfigError::Io { path, source }
     };
+    std::fs::create_dir_all(config.dir).map_err(io(config.dir))?;
+    // Absolute: Envoy resolves the file sources against its own working directory.
+    let dir = std::path::absolute(config.dir).map_err(io(config.dir))?;
+    // The certificates' SDS files first: the listener and the clusters read them.
+    let mut secrets = Vec::new();
+    if let Some(serving) = config.serving {
+        secrets.extend(serving_secrets(serving)?);
+    }
+    if let Some(upstream) = config.upstream_tls {
+        secrets.extend(upstream_secrets(upstream)?);
+    }
+    files::write_secrets(&dir, &secrets).map_err(io(&dir))?;
     let planned = plan(&PlanInputs {
         local: config.local,
         peers: config.peers,
         retained: &[],
         shared_storage: config.shared_storage,
         wasm_path: config.wasm_path,
-        upstream_tls: config.upstream_tls,
+        upstream_sds: config.upstream_tls.map(|_| dir.as_path()),
     })?;
-    std::fs::create_dir_all(config.dir).map_err(io(config.dir))?;
-    // Absolute: Envoy resolves the file sources against its own working directory.
-    let dir = std::path::absolute(config.dir).map_err(io(config.dir))?;
     files::write(&dir, &planned.snapshot).map_err(io(&dir))?;
     let json_path = dir.join(FILTER_CONFIG_JSON_FILE);
     std::fs::write(&json_path, planned.routing.config.to_json()).map_err(io(&json_path))?;
@@ -90,6 +101,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
         node_id: NODE_ID,
         request_timeout: config.request_timeout,
         serving: config.serving,
+        sds_dir: Some(&dir),
         peer: config.peer_listen.map(|listen| PeerPassthrough {
             listen,
             apiserver: config.local.address,

@@ -67,7 +67,7 @@ pub mod world {
                     wasm_path: Path::new("/opt/skewgate.wasm"),
                     local: &self.local,
                     peers: &self.peers,
-                    upstream_tls: None,
+                    upstream_sds: None,
                 },
             )
             .expect("snapshot")

@@ -42,11 +42,12 @@ pub use paths::{
     envoy_bin, etcd_bin, fixture, kubectl_1_20_bin, kubectl_bin, repo_root, wasm_path,
 };
 pub use pki::{
-    token_file_csv, CertFiles, CertUsage, Subject, TestCa, TestPki, TestToken,
-    FRONT_PROXY_CLIENT_CN, SERVING_NAMES, TEST_TOKENS,
+    cert_dns_names, cert_serial, replace_file, token_file_csv, CertFiles, CertUsage, Subject,
+    TestCa, TestPki, TestToken, FRONT_PROXY_CLIENT_CN, SERVING_NAMES, TEST_TOKENS,
 };
 pub use sim::{identity_lease_name, PeerAdvertise, SimApiserver, SimOptions};
 pub use upgrades::{
-    upgrade_request, RawTls, UpgradeKind, Upgraded, WEBSOCKET_ACCEPT, WEBSOCKET_KEY,
+    presented_certificate, upgrade_request, RawTls, UpgradeKind, Upgraded, WEBSOCKET_ACCEPT,
+    WEBSOCKET_KEY,
 };
 pub use wait::wait_until;

@@ -232,7 +232,64 @@ pub struct CertFiles {
     pub key_pem: String,
 }
 
+/// The serial of a certificate (DER), lowercase hex without separators: what
+/// `x-sim-client-cert-serial` echoes.
+pub fn cert_serial(der: &[u8]) -> Result<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| anyhow::anyhow!("parsing a certificate: {e}"))?;
+    Ok(cert.raw_serial_as_string().replace(':', ""))
+}
+
+/// The DNS names of a certificate (DER).
+pub fn cert_dns_names(der: &[u8]) -> Result<Vec<String>> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| anyhow::anyhow!("parsing a certificate: {e}"))?;
+    Ok(cert
+        .subject_alternative_name()
+        .map_err(|e| anyhow::anyhow!("reading the SANs: {e}"))?
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// Replace `path` with `contents` atomically, as certificate renewals that rename do: written
+/// beside, then renamed into place.
+pub fn replace_file(path: &Path, contents: &[u8]) -> Result<()> {
+    let name = path
+        .file_name()
+        .context("a file name")?
+        .to_string_lossy()
+        .into_owned();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
 impl CertFiles {
+    /// The certificate as DER.
+    pub fn der(&self) -> Result<Vec<u8>> {
+        use rustls::pki_types::pem::PemObject;
+        Ok(
+            rustls::pki_types::CertificateDer::from_pem_slice(self.cert_pem.as_bytes())
+                .map_err(|e| anyhow::anyhow!("parsing {}: {e}", self.cert_file.display()))?
+                .to_vec(),
+        )
+    }
+
+    /// [`cert_serial`] of the certificate.
+    pub fn serial(&self) -> Result<String> {
+        cert_serial(&self.der()?)
+    }
+
     /// Certificate and key in one PEM (reqwest's `Identity::from_pem`).
     pub fn identity_pem(&self) -> Vec<u8> {
         format!("{}{}", self.cert_pem, self.key_pem).into_bytes()

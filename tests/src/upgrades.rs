@@ -208,6 +208,19 @@ pub async fn upgrade_request(
     Ok(up)
 }
 
+/// The certificate the TLS server at `address` presents (end entity, DER), after a handshake
+/// verified against `tls`'s CA.
+pub async fn presented_certificate(address: &Address, tls: &RawTls) -> Result<Vec<u8>> {
+    let tcp = tokio::net::TcpStream::connect((address.host.as_str(), address.port)).await?;
+    let stream = raw_tls_connect(tls, tcp).await?;
+    let (_, connection) = stream.get_ref();
+    connection
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|cert| cert.to_vec())
+        .context("no server certificate")
+}
+
 async fn raw_tls_connect(
     t: &RawTls,
     tcp: tokio::net::TcpStream,

@@ -125,6 +125,7 @@ impl Control {
                 "--proxy-client-key-file={}",
                 pki.front_proxy_client.key_file.display()
             ),
+            format!("--sds-dir={}", dir.join("sds").display()),
         ];
         Self::with_args(local, dir, args)
     }
@@ -292,6 +293,7 @@ async fn live_envoy(
             format!("--tls-cert-file={}", pki.serving.cert_file.display()),
             format!("--tls-private-key-file={}", pki.serving.key_file.display()),
             format!("--client-ca-file={}", pki.client_ca.cert_file.display()),
+            format!("--sds-dir={}", pki.dir.path().join("envoy-sds").display()),
         ],
         None => vec!["--insecure-plaintext-listener".to_string()],
     };

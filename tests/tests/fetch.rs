@@ -1084,5 +1084,24 @@ async fn https_apiservers_are_verified_with_the_peer_ca_and_sni() -> Result<()> 
         assert_eq!(e.error_type(), ErrorType::Connect, "{what}: {e}");
         println!("{what}: {e}");
     }
+
+    // The peer CA file is renewed under a running fetcher: its next fetch verifies with the
+    // new CA (no restart), and a file caught unusable keeps the client it had.
+    let peer_ca = dir.path().join("peer-ca.crt");
+    std::fs::copy(dir.path().join("other-ca.crt"), &peer_ca)?;
+    let template = ClientTemplate::anonymous().with_peer_ca_file(&peer_ca)?;
+    let f = DiscoveryFetcher::new("apiserver-s", &url, &template, FetchConfig::default())?;
+    let e = f.fetch(None).await.expect_err("the other CA");
+    assert_eq!(e.error_type(), ErrorType::Connect, "{e}");
+    let tmp = dir.path().join(".peer-ca.crt.tmp");
+    std::fs::write(&tmp, &ca)?;
+    std::fs::rename(&tmp, &peer_ca)?;
+    assert_eq!(f.fetch_documents().await?, served.docs);
+    std::fs::write(&peer_ca, b"-----BEGIN CERTIFICATE-----\n")?;
+    assert_eq!(
+        f.fetch_documents().await?,
+        served.docs,
+        "kept the last good CA"
+    );
     Ok(())
 }

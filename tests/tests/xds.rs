@@ -96,6 +96,7 @@ async fn live_envoy(xds: &Address) -> Result<Envoy> {
         node_id: "envoy-apiserver-a",
         request_timeout: DEFAULT_REQUEST_TIMEOUT,
         serving: None,
+        sds_dir: None,
         peer: None,
     }
     .render()?;
@@ -172,7 +173,7 @@ fn snapshot(
             wasm_path: &wasm,
             local: &local.address,
             peers: &addresses,
-            upstream_tls: None,
+            upstream_sds: None,
         },
     )?))
 }

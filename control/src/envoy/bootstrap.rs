@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::secrets::{sds_secret_config_json, CLIENT_CA_SECRET, SERVING_SECRET};
 use super::{checked_path, Address, EnvoyError, ServingTls, REQUEST_TIMEOUT_MARGIN};
 
 const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");
@@ -36,6 +37,10 @@ pub struct Bootstrap<'a> {
     pub request_timeout: Duration,
     /// TLS for clients; `None` serves plaintext (tests and demos on loopback only).
     pub serving: Option<&'a ServingTls>,
+    /// Where the SDS files of [`Bootstrap::serving`] are (absolute; written with
+    /// [`super::secrets::serving_secrets`] and [`crate::xds::files::write_secrets`]). Needed
+    /// with `serving`.
+    pub sds_dir: Option<&'a Path>,
     /// The L4 peer port, if any.
     pub peer: Option<PeerPassthrough<'a>>,
 }
@@ -70,26 +75,24 @@ fn section(template: &str, name: &str, keep: bool) -> String {
     out
 }
 
-fn file(path: &Path, what: &'static str) -> Result<serde_json::Value, EnvoyError> {
-    Ok(serde_json::json!({ "filename": checked_path(path, what)? }))
-}
-
 /// The filter chain's name and `transport_socket`, as YAML (the socket in one line of JSON
-/// flow).
-fn downstream_tls(serving: Option<&ServingTls>) -> Result<String, EnvoyError> {
+/// flow). The certificate, key and client CA come through SDS from the files in `sds_dir`
+/// ([`super::secrets`]), so that renewed files take effect without a restart.
+fn downstream_tls(
+    serving: Option<&ServingTls>,
+    sds_dir: Option<&Path>,
+) -> Result<String, EnvoyError> {
     let Some(tls) = serving else {
         return Ok("name: plaintext".to_string());
     };
+    let dir = sds_dir.ok_or(EnvoyError::NoSdsDir)?;
     let mut common = serde_json::json!({
         "alpn_protocols": ["h2", "http/1.1"],
-        "tls_certificates": [{
-            "certificate_chain": file(&tls.cert_file, "the serving certificate path")?,
-            "private_key": file(&tls.key_file, "the serving key path")?,
-        }],
+        "tls_certificate_sds_secret_configs": [sds_secret_config_json(dir, SERVING_SECRET)?],
     });
-    if let Some(ca) = &tls.client_ca_file {
-        common["validation_context"] =
-            serde_json::json!({ "trusted_ca": file(ca, "the client CA path")? });
+    if tls.client_ca_file.is_some() {
+        common["validation_context_sds_secret_config"] =
+            sds_secret_config_json(dir, CLIENT_CA_SECRET)?;
     }
     let socket = serde_json::json!({
         "name": "envoy.transport_sockets.tls",
@@ -129,7 +132,7 @@ impl Bootstrap<'_> {
         if !node_ok {
             return Err(EnvoyError::Unsafe("the node id"));
         }
-        let downstream_tls = downstream_tls(self.serving)?;
+        let downstream_tls = downstream_tls(self.serving, self.sds_dir)?;
         let mut template = section(TEMPLATE, "peer_listener", self.peer.is_some());
         template = section(
             &template,
@@ -215,6 +218,7 @@ mod tests {
             node_id: "apiserver-a",
             request_timeout: Duration::from_secs(60),
             serving: None,
+            sds_dir: None,
             peer: None,
         }
         .render()
@@ -262,6 +266,7 @@ mod tests {
                 node_id: "skewgate-static",
                 request_timeout: Duration::from_secs(60),
                 serving: None,
+                sds_dir: None,
                 peer: None,
             }
             .render()
@@ -294,6 +299,7 @@ mod tests {
                 node_id: bad,
                 request_timeout: Duration::from_secs(60),
                 serving: None,
+                sds_dir: None,
                 peer: None,
             }
             .render();
@@ -310,7 +316,7 @@ mod tests {
             key_file: "/etc/kubernetes/pki/apiserver.key".into(),
             client_ca_file: Some("/etc/kubernetes/pki/ca.crt".into()),
         };
-        let render = |serving: &ServingTls| {
+        let render = |serving: &ServingTls, sds_dir: Option<&str>| {
             Bootstrap {
                 listen: &listen,
                 admin_port: 9901,
@@ -318,11 +324,12 @@ mod tests {
                 node_id: "apiserver-a",
                 request_timeout: Duration::from_secs(60),
                 serving: Some(serving),
+                sds_dir: sds_dir.map(Path::new),
                 peer: None,
             }
             .render()
         };
-        let yaml = render(&serving).expect("renders");
+        let yaml = render(&serving, Some("/var/lib/skewgate/sds")).expect("renders");
         let line = yaml
             .lines()
             .find_map(|l| l.trim().strip_prefix("transport_socket: "))
@@ -339,23 +346,39 @@ mod tests {
             common["alpn_protocols"],
             serde_json::json!(["h2", "http/1.1"])
         );
+        // The certificate and the client CA come through SDS from files (rotation without a
+        // restart), exactly as the clusters name theirs.
+        let sds = |name: &str| {
+            super::super::secrets::sds_secret_config_json(Path::new("/var/lib/skewgate/sds"), name)
+                .expect("sds")
+        };
         assert_eq!(
-            common["tls_certificates"][0]["certificate_chain"]["filename"],
-            "/etc/kubernetes/pki/apiserver.crt"
+            common["tls_certificate_sds_secret_configs"],
+            serde_json::json!([sds(SERVING_SECRET)])
         );
         assert_eq!(
-            common["validation_context"]["trusted_ca"]["filename"],
-            "/etc/kubernetes/pki/ca.crt"
+            common["tls_certificate_sds_secret_configs"][0]["sds_config"]["path_config_source"]
+                ["path"],
+            "/var/lib/skewgate/sds/skewgate-serving.pb"
         );
+        assert_eq!(
+            common["validation_context_sds_secret_config"],
+            sds(CLIENT_CA_SECRET)
+        );
+        // No file is named inline: Envoy would read it once and never again.
+        assert!(!yaml.contains("filename") && !yaml.contains("tls_certificates"));
         assert!(yaml.contains("- name: tls\n      transport_socket: {"));
 
         // Without a client CA no certificate is requested.
         serving.client_ca_file = None;
-        let yaml = render(&serving).expect("renders");
+        let yaml = render(&serving, Some("/sds")).expect("renders");
         assert!(!yaml.contains("validation_context"));
 
-        serving.key_file = "/etc/key\n".into();
-        assert!(matches!(render(&serving), Err(EnvoyError::Unsafe(_))));
+        assert!(matches!(render(&serving, None), Err(EnvoyError::NoSdsDir)));
+        assert!(matches!(
+            render(&serving, Some("/sds\n")),
+            Err(EnvoyError::Unsafe(_))
+        ));
     }
 
     #[test]
@@ -371,6 +394,7 @@ mod tests {
             node_id: "cp-1",
             request_timeout: Duration::from_secs(60),
             serving: None,
+            sds_dir: None,
             peer: Some(PeerPassthrough {
                 listen: &peer_listen,
                 apiserver: &apiserver,

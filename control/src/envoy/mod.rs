@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 pub mod bootstrap;
 pub mod resources;
+pub mod secrets;
 
 pub use skewgate_core::config::LOCAL_CLUSTER;
 
@@ -36,6 +37,10 @@ pub enum EnvoyError {
     UnknownPeer(String),
     #[error("{0} contains characters that cannot appear in the Envoy configuration")]
     Unsafe(&'static str),
+    #[error("TLS needs a directory for the SDS files of its certificates (--sds-dir)")]
+    NoSdsDir,
+    #[error("the SDS directory {0:?} is not absolute")]
+    RelativeSdsDir(String),
 }
 
 /// A file path Envoy will read, checked to be representable in its configuration.

@@ -27,9 +27,9 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType,
-    CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, TlsCertificate,
-    UpstreamTlsContext,
+    common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
+    subject_alt_name_matcher::SanType,
+    CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     http_protocol_options::{
@@ -47,7 +47,8 @@ use envoy_types::util::pack_any;
 
 use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
 
-use super::{checked_path, Address, EnvoyError, UpstreamTls, APISERVER_TLS_NAME, FILTER_NAME};
+use super::secrets::{sds_secret_config, PEER_CA_SECRET, PROXY_CLIENT_SECRET};
+use super::{Address, EnvoyError, APISERVER_TLS_NAME, FILTER_NAME};
 use crate::routing::RoutingPlan;
 
 /// The Wasm VM's id and runtime.
@@ -63,10 +64,11 @@ pub struct ClusterInputs<'a> {
     pub local: &'a Address,
     /// Address of every peer apiserver by id.
     pub peers: &'a [(String, Address)],
-    /// TLS to the apiservers (the peer CA, verified with the name `kubernetes.default.svc`;
-    /// the proxy-client certificate on `-identity` clusters). `None`: plaintext, for tests and
-    /// demos on loopback only.
-    pub upstream_tls: Option<&'a UpstreamTls>,
+    /// TLS to the apiservers: the directory of the SDS files of the peer CA (verified with the
+    /// name `kubernetes.default.svc`) and of the proxy-client certificate (on `-identity`
+    /// clusters), [`super::secrets::upstream_secrets`]. `None`: plaintext, for tests and demos
+    /// on loopback only.
+    pub upstream_sds: Option<&'a Path>,
 }
 
 /// The three variants of `skewgate-local`, then those of each peer set of the plan.
@@ -98,7 +100,7 @@ pub fn clusters(
                 &auth.cluster(base),
                 addresses,
                 auth,
-                inputs.upstream_tls,
+                inputs.upstream_sds,
             )?);
         }
     }
@@ -113,42 +115,24 @@ fn seconds(seconds: i64) -> Option<Duration> {
     Some(Duration { seconds, nanos: 0 })
 }
 
-/// A file Envoy reads (certificates and keys are never sent over xDS, only their paths).
-fn file_source(path: &Path, what: &'static str) -> Result<DataSource, EnvoyError> {
-    Ok(DataSource {
-        specifier: Some(data_source::Specifier::Filename(
-            checked_path(path, what)?.to_string(),
-        )),
-        ..Default::default()
-    })
-}
-
 /// The upstream TLS of one cluster variant: the
 /// apiserver's serving certificate must chain to the peer CA and carry the DNS name
 /// `kubernetes.default.svc` (what upstream's peer proxy verifies; Envoy checks no name unless
 /// told to), SNI is that name, and only `-identity` presents the proxy-client certificate.
-/// ALPN is left to Envoy: each connection pool offers its own protocol (`h2` or `http/1.1`).
+/// The CA and the certificate come through SDS from the files in `sds_dir`
+/// ([`super::secrets`]: renewed files take effect without a restart); the name check stays
+/// here, merged with the CA of the secret. ALPN is left to Envoy: each connection pool offers
+/// its own protocol (`h2` or `http/1.1`).
 pub fn upstream_transport_socket(
-    tls: &UpstreamTls,
+    sds_dir: &Path,
     auth: UpstreamAuth,
 ) -> Result<TransportSocket, EnvoyError> {
-    let tls_certificates = if auth == UpstreamAuth::ProxyIdentity {
-        vec![TlsCertificate {
-            certificate_chain: Some(file_source(
-                &tls.proxy_client_cert_file,
-                "the proxy-client certificate path",
-            )?),
-            private_key: Some(file_source(
-                &tls.proxy_client_key_file,
-                "the proxy-client key path",
-            )?),
-            ..Default::default()
-        }]
+    let tls_certificate_sds_secret_configs = if auth == UpstreamAuth::ProxyIdentity {
+        vec![sds_secret_config(sds_dir, PROXY_CLIENT_SECRET)?]
     } else {
         Vec::new()
     };
-    let validation = CertificateValidationContext {
-        trusted_ca: Some(file_source(&tls.peer_ca_file, "the peer CA path")?),
+    let names = CertificateValidationContext {
         match_typed_subject_alt_names: vec![SubjectAltNameMatcher {
             san_type: SanType::Dns as i32,
             matcher: Some(StringMatcher {
@@ -162,8 +146,17 @@ pub fn upstream_transport_socket(
     let context = UpstreamTlsContext {
         sni: APISERVER_TLS_NAME.to_string(),
         common_tls_context: Some(CommonTlsContext {
-            tls_certificates,
-            validation_context_type: Some(ValidationContextType::ValidationContext(validation)),
+            tls_certificate_sds_secret_configs,
+            validation_context_type: Some(ValidationContextType::CombinedValidationContext(
+                CombinedCertificateValidationContext {
+                    default_validation_context: Some(names),
+                    validation_context_sds_secret_config: Some(sds_secret_config(
+                        sds_dir,
+                        PEER_CA_SECRET,
+                    )?),
+                    ..Default::default()
+                },
+            )),
             ..Default::default()
         }),
         ..Default::default()
@@ -183,7 +176,7 @@ pub fn cluster(
     name: &str,
     addresses: &[Address],
     auth: UpstreamAuth,
-    tls: Option<&UpstreamTls>,
+    upstream_sds: Option<&Path>,
 ) -> Result<Cluster, EnvoyError> {
     // All endpoints of one cluster resolve the same way; a mix of names and IPs needs DNS.
     let discovery_type = if addresses.iter().all(|a| a.host.parse::<IpAddr>().is_ok()) {
@@ -236,8 +229,8 @@ pub fn cluster(
         upstream_protocol_options: Some(upstream_protocol_options),
         ..Default::default()
     };
-    let transport_socket = tls
-        .map(|tls| upstream_transport_socket(tls, auth))
+    let transport_socket = upstream_sds
+        .map(|dir| upstream_transport_socket(dir, auth))
         .transpose()?;
     Ok(Cluster {
         name: name.to_string(),
@@ -355,6 +348,9 @@ mod tests {
     use crate::routing;
     use crate::test_fixtures::world::{addr, plan, World};
     use crate::xds::{Snapshot, SnapshotInputs};
+    use envoy_types::pb::envoy::config::core::v3::{
+        config_source::ConfigSourceSpecifier, PathConfigSource,
+    };
     use prost::Message;
 
     #[test]
@@ -490,18 +486,14 @@ mod tests {
     fn three_variants_per_cluster_with_their_own_tls_and_protocols() {
         let world = World::new();
         let p = plan(&[("x.io", "v1", "widgets")], &[]);
-        let tls = UpstreamTls {
-            peer_ca_file: "/etc/kubernetes/pki/ca.crt".into(),
-            proxy_client_cert_file: "/etc/kubernetes/pki/front-proxy-client.crt".into(),
-            proxy_client_key_file: "/etc/kubernetes/pki/front-proxy-client.key".into(),
-        };
+        let sds_dir = Path::new("/var/lib/skewgate/sds");
         let secure = Snapshot::from_plan(
             &p,
             &SnapshotInputs {
                 wasm_path: Path::new("/opt/skewgate.wasm"),
                 local: &world.local,
                 peers: &world.peers,
-                upstream_tls: Some(&tls),
+                upstream_sds: Some(sds_dir),
             },
         )
         .expect("snapshot");
@@ -517,17 +509,19 @@ mod tests {
                 let ctx = tls_context(&cluster).expect("TLS");
                 assert_eq!(ctx.sni, "kubernetes.default.svc");
                 let common = ctx.common_tls_context.expect("common");
-                let Some(ValidationContextType::ValidationContext(v)) =
+                // The peer CA through SDS from its file (rotation without a restart), merged
+                // with the name check, which stays in the cluster.
+                let Some(ValidationContextType::CombinedValidationContext(combined)) =
                     common.validation_context_type
                 else {
-                    panic!("validation context");
+                    panic!("a combined validation context");
                 };
                 assert_eq!(
-                    v.trusted_ca.and_then(|d| d.specifier),
-                    Some(data_source::Specifier::Filename(
-                        "/etc/kubernetes/pki/ca.crt".into()
-                    ))
+                    combined.validation_context_sds_secret_config,
+                    Some(sds_secret_config(sds_dir, PEER_CA_SECRET).expect("sds"))
                 );
+                let v = combined.default_validation_context.expect("names");
+                assert!(v.trusted_ca.is_none(), "the CA comes from the secret");
                 assert_eq!(v.match_typed_subject_alt_names.len(), 1);
                 let san = &v.match_typed_subject_alt_names[0];
                 assert_eq!(san.san_type, SanType::Dns as i32);
@@ -535,24 +529,30 @@ mod tests {
                     san.matcher.as_ref().and_then(|m| m.match_pattern.clone()),
                     Some(MatchPattern::Exact("kubernetes.default.svc".into()))
                 );
+                // No file named inline: Envoy would read it once and never again.
+                assert!(common.tls_certificates.is_empty(), "{name}");
                 // Only -identity presents the proxy-client certificate.
                 if auth == UpstreamAuth::ProxyIdentity {
-                    assert_eq!(common.tls_certificates.len(), 1, "{name}");
-                    let cert = &common.tls_certificates[0];
                     assert_eq!(
-                        cert.certificate_chain.clone().and_then(|d| d.specifier),
-                        Some(data_source::Specifier::Filename(
-                            "/etc/kubernetes/pki/front-proxy-client.crt".into()
-                        ))
+                        common.tls_certificate_sds_secret_configs,
+                        vec![sds_secret_config(sds_dir, PROXY_CLIENT_SECRET).expect("sds")],
+                        "{name}"
                     );
                     assert_eq!(
-                        cert.private_key.clone().and_then(|d| d.specifier),
-                        Some(data_source::Specifier::Filename(
-                            "/etc/kubernetes/pki/front-proxy-client.key".into()
-                        ))
+                        common.tls_certificate_sds_secret_configs[0]
+                            .sds_config
+                            .as_ref()
+                            .and_then(|c| c.config_source_specifier.clone()),
+                        Some(ConfigSourceSpecifier::PathConfigSource(PathConfigSource {
+                            path: "/var/lib/skewgate/sds/skewgate-proxy-client.pb".into(),
+                            ..Default::default()
+                        }))
                     );
                 } else {
-                    assert!(common.tls_certificates.is_empty(), "{name}");
+                    assert!(
+                        common.tls_certificate_sds_secret_configs.is_empty(),
+                        "{name}"
+                    );
                 }
                 // -anonymous: HTTP/1.1 only; the others keep the client's protocol.
                 let options = &cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS];
@@ -574,12 +574,8 @@ mod tests {
             }
         }
         // A path Envoy could misread is refused.
-        let bad = UpstreamTls {
-            peer_ca_file: "/etc/ca\n.crt".into(),
-            ..tls
-        };
         assert!(matches!(
-            upstream_transport_socket(&bad, UpstreamAuth::Token),
+            upstream_transport_socket(Path::new("/sds\n"), UpstreamAuth::Token),
             Err(EnvoyError::Unsafe(_))
         ));
     }
@@ -593,7 +589,7 @@ mod tests {
             wasm_path: Path::new("/x.wasm"),
             local: &world.local,
             peers: &world.peers,
-            upstream_tls: None,
+            upstream_sds: None,
         };
         assert!(matches!(
             Snapshot::from_plan(&p, &inputs),

@@ -9,8 +9,13 @@
 //! kube's own client stack (auth layer, rustls with the kubeconfig's identity, connect timeout)
 //! does the work: [`kube::Client::send`] gives the raw response with a streaming body, so the
 //! size limit applies while reading and nothing needs a second TLS/auth implementation.
+//!
+//! The peer CA is renewed in place like every other certificate: a template made with
+//! [`ClientTemplate::with_peer_ca_file`] remembers the file and what it held, and
+//! [`ClientTemplate::reload_peer_ca`] says when it holds something else; each fetcher checks
+//! before every fetch and rebuilds its client then (`fetcher.rs`), as Envoy does through SDS.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::error::SetupError;
@@ -23,6 +28,8 @@ pub struct ClientTemplate {
     base: kube::Config,
     /// DER certificates: the only roots for HTTPS apiservers. `None`: the kubeconfig's CA.
     peer_ca: Option<Vec<Vec<u8>>>,
+    /// The file `peer_ca` was read from, and its bytes then.
+    peer_ca_file: Option<(PathBuf, Vec<u8>)>,
     tls_server_name: String,
 }
 
@@ -43,6 +50,7 @@ impl ClientTemplate {
         ClientTemplate {
             base,
             peer_ca: None,
+            peer_ca_file: None,
             tls_server_name: APISERVER_TLS_NAME.to_string(),
         }
     }
@@ -91,13 +99,34 @@ impl ClientTemplate {
         Ok(self)
     }
 
-    /// [`Self::with_peer_ca_pem`] from a file (`--peer-ca-file`).
+    /// [`Self::with_peer_ca_pem`] from a file (`--peer-ca-file`), which
+    /// [`Self::reload_peer_ca`] then follows.
     pub fn with_peer_ca_file(self, path: &Path) -> Result<Self, SetupError> {
         let text = std::fs::read(path).map_err(|error| SetupError::Io {
             path: path.display().to_string(),
             error,
         })?;
-        self.with_peer_ca_pem(&text, &path.display().to_string())
+        let mut template = self.with_peer_ca_pem(&text, &path.display().to_string())?;
+        template.peer_ca_file = Some((path.to_path_buf(), text));
+        Ok(template)
+    }
+
+    /// The template with the peer CA its file holds now, when that differs from what this
+    /// template was made with; `Ok(None)` when it is the same (or there is no CA file). A file
+    /// that cannot be read or holds no certificate (say, caught half-written) is an error: the
+    /// caller keeps what it has and asks again next time. Reads the file (a few KiB) each call.
+    pub fn reload_peer_ca(&self) -> Result<Option<Self>, SetupError> {
+        let Some((path, held)) = &self.peer_ca_file else {
+            return Ok(None);
+        };
+        let now = std::fs::read(path).map_err(|error| SetupError::Io {
+            path: path.display().to_string(),
+            error,
+        })?;
+        if now == *held {
+            return Ok(None);
+        }
+        self.clone().with_peer_ca_file(path).map(Some)
     }
 
     /// Another TLS server name than [`APISERVER_TLS_NAME`].
@@ -210,6 +239,42 @@ mod tests {
             https_url("[fd00::2]:6443".parse().unwrap()),
             "https://[fd00::2]:6443"
         );
+    }
+
+    #[test]
+    fn the_peer_ca_file_is_followed() {
+        let dir = std::env::temp_dir().join(format!("skewgate-peer-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ca.crt");
+        std::fs::write(&path, CA).unwrap();
+        let t = ClientTemplate::anonymous()
+            .with_peer_ca_file(&path)
+            .unwrap();
+        assert!(t.reload_peer_ca().unwrap().is_none(), "unchanged");
+        // Renewed (replaced by a rename): a template with the new CA.
+        let renewed = "-----BEGIN CERTIFICATE-----\nBAUG\n-----END CERTIFICATE-----\n";
+        std::fs::write(dir.join(".ca.tmp"), renewed).unwrap();
+        std::fs::rename(dir.join(".ca.tmp"), &path).unwrap();
+        let t2 = t.reload_peer_ca().unwrap().expect("reloaded");
+        let c = t2
+            .config_for("https://10.0.0.2:6443", Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(c.root_cert, Some(vec![vec![4, 5, 6]]));
+        assert!(
+            t2.reload_peer_ca().unwrap().is_none(),
+            "it remembers the new one"
+        );
+        // Caught half-written, or gone: an error, and the caller keeps its client.
+        std::fs::write(&path, "-----BEGIN CERT").unwrap();
+        assert!(t2.reload_peer_ca().is_err());
+        std::fs::remove_file(&path).unwrap();
+        assert!(t2.reload_peer_ca().is_err());
+        // A CA given inline is never reloaded.
+        let inline = ClientTemplate::anonymous()
+            .with_peer_ca_pem(CA.as_bytes(), "x")
+            .unwrap();
+        assert!(inline.reload_peer_ca().unwrap().is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

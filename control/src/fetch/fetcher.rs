@@ -153,8 +153,17 @@ pub struct DiscoveryFetcher {
 struct Inner {
     id: String,
     url: String,
-    client: kube::Client,
+    client: std::sync::Mutex<CurrentClient>,
     config: FetchConfig,
+}
+
+/// The client in use, and the template it was built from (to rebuild it when the peer CA
+/// file changes; `None` for a client given ready-made).
+struct CurrentClient {
+    client: kube::Client,
+    template: Option<ClientTemplate>,
+    /// The last reload error, logged once rather than on every fetch.
+    reload_error: Option<String>,
 }
 
 impl std::fmt::Debug for DiscoveryFetcher {
@@ -177,7 +186,9 @@ impl DiscoveryFetcher {
         config: FetchConfig,
     ) -> Result<Self, SetupError> {
         let client = template.client_for(url, config.timeout)?;
-        Ok(Self::with_client(id, url, client, config))
+        let fetcher = Self::with_client(id, url, client, config);
+        fetcher.current().template = Some(template.clone());
+        Ok(fetcher)
     }
 
     /// A fetcher over a ready client (its `cluster_url` must be `url`).
@@ -191,7 +202,11 @@ impl DiscoveryFetcher {
             inner: Arc::new(Inner {
                 id: id.into(),
                 url: url.trim_end_matches('/').to_string(),
-                client,
+                client: std::sync::Mutex::new(CurrentClient {
+                    client,
+                    template: None,
+                    reload_error: None,
+                }),
                 config,
             }),
         }
@@ -209,10 +224,61 @@ impl DiscoveryFetcher {
         &self.inner.config
     }
 
+    fn current(&self) -> std::sync::MutexGuard<'_, CurrentClient> {
+        // Nothing panics while holding the lock; a poisoned one still holds a usable client.
+        self.inner
+            .client
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn client(&self) -> kube::Client {
+        self.current().client.clone()
+    }
+
+    /// A renewed peer CA (its file changed) takes effect here: a new client with it (connections
+    /// of the old one close as it is dropped). A file that cannot be used keeps the client.
+    fn follow_peer_ca(&self) {
+        let Some(template) = self.current().template.clone() else {
+            return;
+        };
+        let rebuilt = template.reload_peer_ca().and_then(|renewed| {
+            renewed
+                .map(|t| {
+                    Ok::<_, SetupError>((
+                        t.client_for(&self.inner.url, self.inner.config.timeout)?,
+                        t,
+                    ))
+                })
+                .transpose()
+        });
+        let mut current = self.current();
+        match rebuilt {
+            Ok(None) => current.reload_error = None,
+            Ok(Some((client, template))) => {
+                tracing::info!(apiserver = %self.inner.id, "the peer CA file changed: verifying with the new one");
+                *current = CurrentClient {
+                    client,
+                    template: Some(template),
+                    reload_error: None,
+                };
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if current.reload_error.as_ref() != Some(&message) {
+                    tracing::warn!(apiserver = %self.inner.id, error = %message, "the peer CA file cannot be used; keeping the previous one");
+                    current.reload_error = Some(message);
+                }
+            }
+        }
+    }
+
     /// Fetch `/apis` and `/api` (concurrently). With `conditional`, each carries
     /// `If-None-Match` with its last ETag and may come back [`Answer::NotModified`]. Either both
     /// documents are good or the fetch fails: a caller never mixes a new `/apis` with nothing.
+    /// A renewed peer CA file is picked up first.
     pub async fn fetch(&self, conditional: Option<&Etags>) -> Result<Fetched, FetchError> {
+        self.follow_peer_ca();
         let (apis, api) = tokio::try_join!(
             self.fetch_root("/apis", conditional.and_then(|e| e.apis.as_deref())),
             self.fetch_root("/api", conditional.and_then(|e| e.api.as_deref())),
@@ -390,8 +456,7 @@ impl DiscoveryFetcher {
             .body(kube::client::Body::empty())
             .map_err(|e| FetchError::invalid(url, format!("building the request: {e}")))?;
         let response = self
-            .inner
-            .client
+            .client()
             .send(request)
             .await
             .map_err(|e| send_error(url, self.inner.config.timeout, &e))?;

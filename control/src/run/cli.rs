@@ -10,13 +10,15 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::envoy::bootstrap::{Bootstrap, ConfigSource, PeerPassthrough};
+use crate::envoy::secrets::{serving_secrets, upstream_secrets};
 use crate::envoy::Address;
 use crate::fetch::{ClientTemplate, DiscoveryMetrics};
-use crate::flags::{parse_local_url, parse_xds_listen, ListenerFlags, Scheme};
+use crate::flags::{parse_local_url, parse_xds_listen, sds_dir, ListenerFlags, Scheme};
 use crate::health::{self, Health};
 use crate::peers::{self, PeerMetrics, PeerWatcher};
 use crate::shared_storage::{SharedStorageMetrics, SharedStorageWatcher};
 use crate::xds::{self, XdsMetrics};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 
 use super::config::{LogFormat, LogLevel, RunArgs, RunConfig};
 use super::orchestrator::{Orchestrator, Shared};
@@ -104,6 +106,11 @@ async fn run_async(config: RunConfig) -> Result<()> {
         // Envoy reads these; a typo should fail here, not as a NACK later.
         readable(&tls.proxy_client_cert_file, "--proxy-client-cert-file")?;
         readable(&tls.proxy_client_key_file, "--proxy-client-key-file")?;
+        // The clusters name the certificates through these SDS files: they exist before the
+        // first cluster is served. Envoy follows the certificate files from there.
+        let dir = config.sds_dir.as_deref().context("TLS needs --sds-dir")?;
+        xds::files::write_secrets(dir, &upstream_secrets(tls)?)
+            .with_context(|| format!("writing the SDS files in --sds-dir {}", dir.display()))?;
     }
     let xds_listener = tokio::net::TcpListener::bind(config.xds_listen)
         .await
@@ -238,6 +245,12 @@ pub struct BootstrapArgs {
     /// Where the apiserver this Envoy fronts listens (as for `run`), for the peer port.
     #[arg(long, value_name = "URL", requires = "peer_listen")]
     pub local_apiserver_url: Option<String>,
+    /// A directory Envoy can read (absolute; needed with TLS) where the SDS files of the
+    /// serving certificate and the client CA are written: Envoy reads the certificates
+    /// through them and follows renewals without a restart. `run --sds-dir` may name the same
+    /// directory.
+    #[arg(long, value_name = "DIR")]
+    pub sds_dir: Option<std::path::PathBuf>,
 }
 
 /// Render the bootstrap for these flags.
@@ -245,6 +258,7 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
     let listener = &args.listener;
     let xds = Address::parse(&args.xds_address.to_string())?;
     let serving = listener.serving_tls()?;
+    let sds_dir = sds_dir(args.sds_dir.as_deref(), serving.is_some())?;
     let peer = match (listener.peer_listen()?, &args.local_apiserver_url) {
         (Some(peer_listen), Some(url)) => {
             let scheme = if url.starts_with("http://") {
@@ -266,6 +280,7 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
         node_id: &args.node_id,
         request_timeout: listener.request_timeout,
         serving: serving.as_ref(),
+        sds_dir: sds_dir.as_deref(),
         peer: peer.as_ref().map(|(listen, apiserver)| PeerPassthrough {
             listen,
             apiserver,
@@ -275,9 +290,26 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
     .render()?)
 }
 
-/// `skewgate-control bootstrap`.
+/// The listener's secrets and where their SDS files go (`None` without TLS).
+pub fn bootstrap_secrets(
+    args: &BootstrapArgs,
+) -> Result<Option<(std::path::PathBuf, Vec<Secret>)>> {
+    let Some(serving) = args.listener.serving_tls()? else {
+        return Ok(None);
+    };
+    let Some(dir) = sds_dir(args.sds_dir.as_deref(), true)? else {
+        bail!("TLS needs --sds-dir");
+    };
+    Ok(Some((dir, serving_secrets(&serving)?)))
+}
+
+/// `skewgate-control bootstrap`: write the listener's SDS files, print the bootstrap.
 pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
     let yaml = render_bootstrap(&args)?;
+    if let Some((dir, secrets)) = bootstrap_secrets(&args)? {
+        xds::files::write_secrets(&dir, &secrets)
+            .with_context(|| format!("writing the SDS files in --sds-dir {}", dir.display()))?;
+    }
     if args.listener.insecure_plaintext_listener {
         eprintln!("skewgate-control: warning: --insecure-plaintext-listener: Envoy serves clients in PLAINTEXT (tests on loopback only)");
     }
@@ -323,6 +355,7 @@ mod tests {
             "--peer-ca-file=/etc/kubernetes/pki/ca.crt",
             "--proxy-client-cert-file=/etc/kubernetes/pki/front-proxy-client.crt",
             "--proxy-client-key-file=/etc/kubernetes/pki/front-proxy-client.key",
+            "--sds-dir=/var/lib/skewgate/sds",
             "--wasm=/usr/lib/skewgate/skewgate_filter.wasm",
             "--log-format=json",
         ]) else {
@@ -365,17 +398,33 @@ mod tests {
         let yaml = render_bootstrap(&args).expect("renders");
         assert!(yaml.contains("timeout: 70s"));
         assert!(yaml.contains("- name: plaintext"));
-        let Ok(Command::Bootstrap(args)) = parse(&[
+        let tls = [
             "bootstrap",
             "--tls-cert-file=/pki/apiserver.crt",
             "--tls-private-key-file=/pki/apiserver.key",
             "--client-ca-file=/pki/ca.crt",
-        ]) else {
+        ];
+        let Ok(Command::Bootstrap(args)) = parse(&tls) else {
+            panic!("parses");
+        };
+        assert!(render_bootstrap(&args).is_err(), "TLS without --sds-dir");
+        let Ok(Command::Bootstrap(args)) =
+            parse(&[tls.as_slice(), &["--sds-dir=/var/lib/skewgate/sds"]].concat())
+        else {
             panic!("parses");
         };
         let yaml = render_bootstrap(&args).expect("renders");
         assert!(yaml.contains("DownstreamTlsContext"));
-        assert!(yaml.contains("/pki/ca.crt"));
+        assert!(yaml.contains("/var/lib/skewgate/sds/skewgate-serving.pb"));
+        assert!(yaml.contains("/var/lib/skewgate/sds/skewgate-client-ca.pb"));
+        // The files themselves are in the secrets written beside.
+        let (dir, secrets) = bootstrap_secrets(&args).expect("secrets").expect("TLS");
+        assert_eq!(dir, std::path::Path::new("/var/lib/skewgate/sds"));
+        assert_eq!(
+            secrets,
+            serving_secrets(&args.listener.serving_tls().expect("tls").expect("some"))
+                .expect("secrets")
+        );
         // The xDS port carries no authentication: loopback only (refused by the parser).
         assert!(parse(&[
             "bootstrap",

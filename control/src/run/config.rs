@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::envoy::UpstreamTls;
 use crate::flags::{
-    absolute, parse_duration, parse_local_url, parse_socket_address, parse_xds_listen, FlagError,
-    LocalApiserver, PeerCidrs, Scheme, UpstreamTlsFlags,
+    absolute, parse_duration, parse_local_url, parse_socket_address, parse_xds_listen, sds_dir,
+    FlagError, LocalApiserver, PeerCidrs, Scheme, UpstreamTlsFlags,
 };
 use crate::peers::{AddressPolicy, LocalSelector, MappingEntry, PeerConfig};
 
@@ -70,6 +70,12 @@ pub struct RunArgs {
     pub holder_refetch_interval: Duration,
     #[command(flatten)]
     pub upstream: UpstreamTlsFlags,
+    /// A directory Envoy can read (absolute; needed with TLS) where the SDS files of the peer
+    /// CA and the proxy-client certificate are written at start: Envoy reads the certificates
+    /// through them and follows renewals without a restart. `bootstrap --sds-dir` may name the
+    /// same directory.
+    #[arg(long, value_name = "DIR")]
+    pub sds_dir: Option<PathBuf>,
     /// Where to serve delta ADS to Envoy (loopback only; `skewgate-control bootstrap
     /// --xds-address` must match).
     #[arg(long, default_value = "127.0.0.1:18000", value_parser = parse_xds_listen, value_name = "IP:PORT")]
@@ -115,6 +121,8 @@ pub struct RunConfig {
     pub scheme: Scheme,
     /// `None` only with `--insecure-plaintext-upstreams`.
     pub upstream_tls: Option<UpstreamTls>,
+    /// `--sds-dir`, with `upstream_tls`.
+    pub sds_dir: Option<PathBuf>,
     pub xds_listen: SocketAddr,
     pub health_listen: SocketAddr,
     pub wasm: PathBuf,
@@ -185,6 +193,7 @@ impl RunArgs {
             ));
         }
         let (scheme, upstream_tls) = self.upstream.resolve()?;
+        let sds_dir = sds_dir(self.sds_dir.as_deref(), upstream_tls.is_some())?;
         let local_api = parse_local_url(self.local_apiserver_url.trim(), scheme)?;
         absolute("--wasm", &self.wasm)?;
         if self.initial_sync_timeout.is_zero()
@@ -206,6 +215,7 @@ impl RunArgs {
             },
             scheme,
             upstream_tls,
+            sds_dir,
             xds_listen: self.xds_listen,
             health_listen: self.health_listen,
             wasm: self.wasm.clone(),
@@ -238,6 +248,7 @@ mod tests {
         "--peer-ca-file=/pki/ca.crt",
         "--proxy-client-cert-file=/pki/front-proxy-client.crt",
         "--proxy-client-key-file=/pki/front-proxy-client.key",
+        "--sds-dir=/var/lib/skewgate/sds",
         "--health-listen=0.0.0.0:18001",
         "--wasm=/opt/skewgate.wasm",
     ];
@@ -260,6 +271,7 @@ mod tests {
         let c = args(&[], &[]).expect("parses").validate().expect("valid");
         assert_eq!(c.scheme, Scheme::Https);
         assert!(c.upstream_tls.is_some());
+        assert_eq!(c.sds_dir, Some(PathBuf::from("/var/lib/skewgate/sds")));
         assert_eq!(c.peers.local, LocalSelector::Hostname("cp-1".into()));
         assert_eq!(c.peers.policy.allowed_cidrs.len(), 1);
         assert_eq!(c.peers.policy.by_lease.len(), 1);
@@ -294,6 +306,7 @@ mod tests {
         .expect("valid");
         assert_eq!(plain.scheme, Scheme::Http);
         assert!(plain.upstream_tls.is_none());
+        assert!(plain.sds_dir.is_none(), "no TLS, no SDS files");
         assert_eq!(plain.local_fallback_id(), "apiserver-abc");
 
         // Refused by the parser or by validation, never accepted.
@@ -304,6 +317,12 @@ mod tests {
                 "missing proxy-client key",
                 vec!["proxy-client-key-file"],
                 vec![],
+            ),
+            ("TLS without an SDS directory", vec!["sds-dir"], vec![]),
+            (
+                "a relative SDS directory",
+                vec!["sds-dir"],
+                vec!["--sds-dir=sds"],
             ),
             (
                 "plaintext and TLS at once",

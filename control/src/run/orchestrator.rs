@@ -663,7 +663,8 @@ impl Orchestrator {
             retained: &retained,
             shared_storage: &storage.group_versions,
             wasm_path: &self.config.wasm,
-            upstream_tls: self.config.upstream_tls.as_ref(),
+            // With TLS, `--sds-dir` holds the SDS files written at start (`cli::run_async`).
+            upstream_sds: self.config.sds_dir.as_deref(),
         })
     }
 

@@ -501,7 +501,7 @@ mod tests {
                 retained: &[],
                 shared_storage: shared,
                 wasm_path: Path::new("/opt/skewgate.wasm"),
-                upstream_tls: None,
+                upstream_sds: None,
             })
         }
     }
@@ -624,7 +624,7 @@ mod tests {
             retained: &[],
             shared_storage: &BTreeSet::new(),
             wasm_path: Path::new("/opt/skewgate.wasm"),
-            upstream_tls: None,
+            upstream_sds: None,
         });
         assert!(matches!(err, Err(PlanError::NoLocalDiscovery)));
     }

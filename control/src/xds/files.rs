@@ -6,12 +6,20 @@
 //! live mode configure Envoy identically by construction. Files are replaced atomically
 //! (written beside, then renamed): Envoy watches the directory and reloads on the rename,
 //! and never sees half a file.
+//!
+//! The SDS files of the certificates ([`write_secrets`], one `Secret` per file, as
+//! [`crate::envoy::secrets`] names them) are written the same way, in both modes: they hold
+//! only file names, so they are written once, and Envoy follows the certificate files itself.
 
 use std::io;
 use std::path::Path;
 
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+use envoy_types::util::pack_any;
 use prost::Message;
+
+use crate::envoy::secrets::{sds_file, SECRET_TYPE_URL};
 
 use super::snapshot::{Snapshot, Versioned};
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
@@ -58,6 +66,32 @@ pub fn write(dir: &Path, snapshot: &Snapshot) -> io::Result<()> {
         )
         .encode_to_vec(),
     )
+}
+
+/// Write each secret as its SDS file in `dir` (created if missing), unless the file already
+/// holds exactly that secret (a rename makes Envoy reload it, for nothing).
+pub fn write_secrets(dir: &Path, secrets: &[Secret]) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for secret in secrets {
+        let resource = Versioned::new(pack_any(secret.clone()));
+        let bytes = DiscoveryResponse {
+            version_info: resource.version,
+            type_url: SECRET_TYPE_URL.to_string(),
+            resources: vec![resource.resource],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let path = sds_file(dir, &secret.name);
+        if std::fs::read(&path).ok().as_deref() == Some(bytes.as_slice()) {
+            continue;
+        }
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "secret name"))?;
+        replace(dir, name, &bytes)?;
+    }
+    Ok(())
 }
 
 /// Read back what [`write`] wrote.
@@ -116,7 +150,7 @@ mod tests {
                 wasm_path: Path::new("/opt/skewgate.wasm"),
                 local: &local,
                 peers: &peers,
-                upstream_tls: None,
+                upstream_sds: None,
             },
         )
         .expect("snapshot");
@@ -135,6 +169,56 @@ mod tests {
             names,
             BTreeSet::from([CLUSTERS_FILE.to_string(), FILTER_FILE.to_string()])
         );
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn each_secret_is_one_sds_file() {
+        use crate::envoy::secrets::{serving_secrets, PROXY_CLIENT_SECRET, SERVING_SECRET};
+        use crate::envoy::ServingTls;
+        let dir = std::env::temp_dir().join(format!("skewgate-sds-{}", std::process::id()));
+        let serving = ServingTls {
+            cert_file: "/pki/apiserver.crt".into(),
+            key_file: "/pki/apiserver.key".into(),
+            client_ca_file: Some("/pki/ca.crt".into()),
+        };
+        let secrets = serving_secrets(&serving).expect("secrets");
+        write_secrets(&dir, &secrets).expect("write");
+        let file = sds_file(&dir, SERVING_SECRET);
+        let response =
+            DiscoveryResponse::decode(std::fs::read(&file).expect("read").as_slice()).expect("pb");
+        assert_eq!(response.type_url, SECRET_TYPE_URL);
+        assert_eq!(
+            response.resources.len(),
+            1,
+            "Envoy wants one secret per file"
+        );
+        let back = Secret::decode(response.resources[0].value.as_slice()).expect("secret");
+        assert_eq!(back, secrets[0]);
+        assert_eq!(
+            response.version_info,
+            Versioned::new(pack_any(back)).version
+        );
+        // The same secrets again: the files are left alone (Envoy would reload on a rename).
+        let inode = |p: &Path| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(p).expect("metadata").ino()
+        };
+        let before = inode(&file);
+        write_secrets(&dir, &secrets).expect("write");
+        assert_eq!(inode(&file), before);
+        let names: BTreeSet<String> = std::fs::read_dir(&dir)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            BTreeSet::from([
+                "skewgate-client-ca.pb".to_string(),
+                "skewgate-serving.pb".to_string()
+            ])
+        );
+        assert!(!names.contains(&format!("{PROXY_CLIENT_SECRET}.pb")));
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
 use crate::envoy::resources::{clusters, filter_extension_config, wasm_path, ClusterInputs};
-use crate::envoy::{Address, EnvoyError, UpstreamTls};
+use crate::envoy::{Address, EnvoyError};
 use crate::routing::RoutingPlan;
 
 /// What a snapshot needs besides the routing plan.
@@ -29,10 +29,10 @@ pub struct SnapshotInputs<'a> {
     pub local: &'a Address,
     /// Address of every peer apiserver by id.
     pub peers: &'a [(String, Address)],
-    /// TLS to the apiservers (the peer CA, verified with the name `kubernetes.default.svc`;
-    /// the proxy-client certificate on `-identity` clusters). `None`: plaintext, for tests and
+    /// TLS to the apiservers: the directory of the SDS files of the peer CA and the
+    /// proxy-client certificate ([`crate::envoy::secrets`]). `None`: plaintext, for tests and
     /// demos on loopback only.
-    pub upstream_tls: Option<&'a UpstreamTls>,
+    pub upstream_sds: Option<&'a Path>,
 }
 
 /// One resource with its content-hash version.
@@ -112,7 +112,7 @@ impl Snapshot {
                 &ClusterInputs {
                     local: inputs.local,
                     peers: inputs.peers,
-                    upstream_tls: inputs.upstream_tls,
+                    upstream_sds: inputs.upstream_sds,
                 },
             )?,
             [filter_extension_config(wasm, &plan.config.to_json())],

@@ -9,7 +9,8 @@
 //! `x-sim-uid` (when set), `x-sim-groups` (comma-joined) and `x-sim-authenticator`
 //! (`requestheader`, `x509`, `token` or `anonymous`); a 401 carries `x-sim-auth-error`.
 //! Over TLS, `x-sim-alpn` is the negotiated ALPN protocol (`h2`, `http/1.1` or `none`);
-//! `x-sim-conn` numbers the connection the request came on.
+//! `x-sim-conn` numbers the connection the request came on; `x-sim-client-cert-serial` is the
+//! serial (lowercase hex) of the client certificate that connection presented, if any.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -162,6 +163,16 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
             HeaderName::from_static("x-sim-conn"),
             HeaderValue::from(c.id),
         );
+    }
+    let client_serial = conn
+        .as_ref()
+        .and_then(|c| c.peer_certs.as_deref()?.first().cloned())
+        .and_then(|cert| {
+            let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+            HeaderValue::from_str(&parsed.raw_serial_as_string().replace(':', "")).ok()
+        });
+    if let Some(v) = client_serial {
+        h.insert(HeaderName::from_static("x-sim-client-cert-serial"), v);
     }
     if let Some(c) = conn.as_ref().filter(|c| c.tls) {
         let alpn = c.alpn.as_deref().unwrap_or("none");
