@@ -93,11 +93,7 @@ fn exercise(config: &FilterConfig, lines: &[(&str, &str)]) {
             } else if r.local {
                 assert_eq!(decision.reason, Reason::ServedLocally, "{path:?}");
             } else if let Some(cluster) = &r.peer_cluster {
-                assert_eq!(
-                    decision.upstream,
-                    Upstream::Peer { cluster },
-                    "{path:?}"
-                );
+                assert_eq!(decision.upstream, Upstream::Peer { cluster }, "{path:?}");
             }
         }
     }
@@ -105,7 +101,10 @@ fn exercise(config: &FilterConfig, lines: &[(&str, &str)]) {
 
 fuzz_target!(|data: &[u8]| {
     let (json, rest) = match data.iter().position(|&b| b == 0) {
-        Some(i) => (data.get(..i).unwrap_or_default(), data.get(i + 1..).unwrap_or_default()),
+        Some(i) => (
+            data.get(..i).unwrap_or_default(),
+            data.get(i + 1..).unwrap_or_default(),
+        ),
         None => (data, &[][..]),
     };
     let rest = String::from_utf8_lossy(rest);

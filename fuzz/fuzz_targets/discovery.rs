@@ -16,8 +16,8 @@ use skewgate_control::discovery::legacy::{
     plan_group_list, stale_paths, VersionOutcome,
 };
 use skewgate_control::discovery::{
-    parse_aggregated, parse_group_list, parse_resource_list, parse_versions,
-    APIGroupDiscoveryList, ServedApis,
+    parse_aggregated, parse_group_list, parse_resource_list, parse_versions, APIGroupDiscoveryList,
+    ServedApis,
 };
 use skewgate_core::config::{FilterConfig, GroupVersionRoutes, ResourceRoute, SCHEMA_VERSION};
 use std::collections::BTreeMap;

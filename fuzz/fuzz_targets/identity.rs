@@ -26,11 +26,17 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(result, Err(IdentityError::Empty));
     }
     if subject.len() > MAX_SUBJECT_LEN {
-        assert!(matches!(result, Err(IdentityError::TooLong { .. })), "{result:?}");
+        assert!(
+            matches!(result, Err(IdentityError::TooLong { .. })),
+            "{result:?}"
+        );
     }
     let Ok(id) = result else { return };
     let _ = id.clone();
-    assert!(rdns.is_ok(), "accepted {subject:?} but parse_rfc2253 refused it: {rdns:?}");
+    assert!(
+        rdns.is_ok(),
+        "accepted {subject:?} but parse_rfc2253 refused it: {rdns:?}"
+    );
     assert!(!id.user.is_empty(), "{subject:?}");
     assert!(forwardable(&id.user), "{subject:?} -> user {:?}", id.user);
     for g in &id.groups {

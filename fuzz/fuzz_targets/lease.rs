@@ -19,7 +19,11 @@ fuzz_target!(|data: &[u8]| {
         Ok(lease) => lease,
         Err(e) => panic!("a JSON value failed to deserialize as IdentityLease: {e}"),
     };
-    assert_eq!(lease, IdentityLease::from_value(value), "Deserialize = from_value");
+    assert_eq!(
+        lease,
+        IdentityLease::from_value(value),
+        "Deserialize = from_value"
+    );
     let info = lease_info(&lease);
     assert_eq!(info.name, lease.name());
     if info.renew_time.is_some() {

@@ -15,8 +15,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use skewgate_core::negotiation::{
-    etag_matches, negotiate_discovery_with, DiscoveryFormat, NegotiationError,
-    NegotiationOptions, AGGREGATED_V2_CONTENT_TYPE, MAX_CLAUSES,
+    etag_matches, negotiate_discovery_with, DiscoveryFormat, NegotiationError, NegotiationOptions,
+    AGGREGATED_V2_CONTENT_TYPE, MAX_CLAUSES,
 };
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -31,7 +31,11 @@ fuzz_target!(|data: &[u8]| {
         v2beta1: flags & 1 == 1,
     };
     let result = negotiate_discovery_with(Some(header), options);
-    assert_eq!(result, negotiate_discovery_with(Some(header), options), "deterministic");
+    assert_eq!(
+        result,
+        negotiate_discovery_with(Some(header), options),
+        "deterministic"
+    );
     let lower = header.to_ascii_lowercase();
     match result {
         Ok(choice) => {
@@ -52,10 +56,16 @@ fuzz_target!(|data: &[u8]| {
                 assert!(contains(header, b"nopeer"), "{choice:?}");
             }
             if choice.protobuf {
-                assert!(contains(header, b"application/vnd.kubernetes.protobuf"), "{choice:?}");
+                assert!(
+                    contains(header, b"application/vnd.kubernetes.protobuf"),
+                    "{choice:?}"
+                );
             }
             if choice.json && !header.iter().all(|b| b.is_ascii_whitespace()) {
-                assert!(contains(&lower, b"json") || contains(header, b"*"), "{choice:?}");
+                assert!(
+                    contains(&lower, b"json") || contains(header, b"*"),
+                    "{choice:?}"
+                );
             }
         }
         Err(NegotiationError::TooManyClauses) => {
@@ -76,7 +86,10 @@ fuzz_target!(|data: &[u8]| {
         match negotiate_discovery_with(Some(&more), options) {
             Ok(choice) => {
                 assert_eq!(choice.format, DiscoveryFormat::AggregatedV2, "{choice:?}");
-                assert!(choice.json && !choice.nopeer && !choice.protobuf, "{choice:?}");
+                assert!(
+                    choice.json && !choice.nopeer && !choice.protobuf,
+                    "{choice:?}"
+                );
                 assert!(choice.peer_aggregated());
             }
             Err(NegotiationError::TooManyClauses) => {}
@@ -87,6 +100,9 @@ fuzz_target!(|data: &[u8]| {
     let etag = String::from_utf8_lossy(header);
     let _ = etag_matches(Some(header), &etag);
     let _ = etag_matches(Some(header), "0A1B2C");
-    assert!(!etag_matches(Some(header), ""), "an empty ETag never matches");
+    assert!(
+        !etag_matches(Some(header), ""),
+        "an empty ETag never matches"
+    );
     assert!(!etag_matches(None, &etag));
 });
