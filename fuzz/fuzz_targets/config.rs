@@ -56,6 +56,16 @@ fn exercise(config: &FilterConfig, lines: &[(&str, &str)]) {
                 assert_eq!(decision.reason, Reason::ServedByPeer);
             }
             Upstream::Local => assert_ne!(decision.reason, Reason::ServedByPeer),
+            // Answered 503 by the filter: only for retained resources, or while a live peer's
+            // discovery is not known yet.
+            Upstream::Unavailable => assert!(
+                matches!(
+                    decision.reason,
+                    Reason::Retained | Reason::PeerDiscoveryPending
+                ),
+                "{:?}",
+                decision.reason
+            ),
         }
         let headers = [(":method", method), (":path", path), ("accept", path)];
         let _ = plan_request(&headers, None, &compiled);
@@ -94,6 +104,8 @@ fn exercise(config: &FilterConfig, lines: &[(&str, &str)]) {
                 assert_eq!(decision.reason, Reason::ServedLocally, "{path:?}");
             } else if let Some(cluster) = &r.peer_cluster {
                 assert_eq!(decision.upstream, Upstream::Peer { cluster }, "{path:?}");
+            } else if r.retained {
+                assert_eq!(decision.reason, Reason::Retained, "{path:?}");
             }
         }
     }
