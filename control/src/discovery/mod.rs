@@ -36,6 +36,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+// The filter validates its configuration with the same rule: one definition, in the core.
+use skewgate_core::config::valid_segment;
 
 /// Default upper bound on one discovery document, in bytes.
 ///
@@ -732,15 +734,6 @@ fn check_segment(what: &str, name: &str, group: &str, version: &str) -> Result<(
             "{group}/{version}: invalid {what} name {name:?}"
         )))
     }
-}
-
-/// A path segment discovery could name: non-empty, no `/`, no whitespace or control characters,
-/// at most 253 bytes. The same rule the filter applies to its configuration.
-pub(crate) fn valid_segment(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && !s.contains('/')
-        && s.chars().all(|c| !c.is_whitespace() && !c.is_control())
 }
 
 #[cfg(test)]

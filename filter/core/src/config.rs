@@ -364,8 +364,10 @@ fn valid_cluster_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= MAX_CLUSTER_NAME && name.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// A path segment discovery could name: non-empty, no `/`, no whitespace or control bytes.
-fn valid_segment(s: &str) -> bool {
+/// A path segment discovery could name: non-empty, at most 253 bytes, no `/`, no whitespace or
+/// control characters. The control plane checks discovery documents with this same rule, so
+/// whatever it puts into a configuration passes validation here.
+pub fn valid_segment(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
         && !s.contains('/')
