@@ -3,6 +3,8 @@
 //! names where the meaning is the same (`--tls-cert-file`, `--request-timeout`, ...).
 //!
 //! - [`ListenerFlags`]: how Envoy serves clients (`bootstrap`, `render-static`);
+//! - [`LocalChannelFlags`]: where Envoy's admin interface and the xDS stream are (`run`,
+//!   `bootstrap`, `render-static`): Unix sockets in `--socket-dir`, or loopback TCP;
 //! - [`UpstreamTlsFlags`]: how Envoy and the control plane reach apiservers (`run`,
 //!   `render-static`).
 
@@ -11,6 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::envoy::{Address, ServingTls, UpstreamTls};
+use crate::local_channels::{
+    LocalChannels, DEFAULT_ADMIN_PORT, DEFAULT_SOCKET_DIR, DEFAULT_XDS_ADDRESS,
+};
 
 /// A flag whose value, or whose combination with other flags, cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -200,8 +205,8 @@ pub fn parse_local_url(url: &str, scheme: Scheme) -> Result<LocalApiserver, Flag
     })
 }
 
-/// `--xds-listen` and `bootstrap --xds-address`: the ADS port carries no authentication, so it must be loopback.
-pub fn parse_xds_listen(s: &str) -> Result<SocketAddr, FlagError> {
+/// `--xds-address`: the ADS port carries no authentication, so it must be loopback.
+pub fn parse_xds_address(s: &str) -> Result<SocketAddr, FlagError> {
     let addr = parse_socket_address(s)?;
     if !addr.ip().is_loopback() {
         return Err(FlagError::value(
@@ -218,9 +223,6 @@ pub struct ListenerFlags {
     /// Address Envoy listens on for clients (the apiserver's advertised address and port).
     #[arg(long, default_value = "127.0.0.1:6443", value_parser = parse_listen_address, value_name = "IP:PORT")]
     pub listen: Address,
-    /// Loopback port of Envoy's admin interface (0: the kernel chooses).
-    #[arg(long, default_value_t = 9901)]
-    pub admin_port: u16,
     /// The apiservers' --request-timeout (kube's default 1m0s): Envoy bounds non-long-running
     /// requests by 10s more, so an apiserver that never answers becomes a 503.
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
@@ -287,6 +289,46 @@ impl ListenerFlags {
             )),
             other => Ok(other.as_ref()),
         }
+    }
+}
+
+/// Where Envoy's admin interface and the xDS stream are (`crate::local_channels`): the same
+/// flags for `run` and `bootstrap`, which must agree, and `render-static` (admin only).
+#[derive(clap::Args, Debug, Clone)]
+pub struct LocalChannelFlags {
+    /// Directory of the Unix sockets of Envoy's admin interface (envoy-admin.sock) and of the
+    /// xDS stream (xds.sock), both mode 0600: run Envoy and skewgate-control as the same user.
+    /// Created with mode 0700 if missing; refused if another user owns it or group or others
+    /// may write to it.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_SOCKET_DIR, conflicts_with = "insecure_tcp_local_channels")]
+    pub socket_dir: PathBuf,
+    /// Put Envoy's admin interface and xDS on loopback TCP instead (--admin-port,
+    /// --xds-address). Any process on the node can then reach them: stop Envoy, dump its
+    /// configuration, or serve it clusters while the control plane restarts.
+    #[arg(long)]
+    pub insecure_tcp_local_channels: bool,
+    /// With --insecure-tcp-local-channels: Envoy's admin port on 127.0.0.1 (default 9901; 0:
+    /// the kernel chooses).
+    #[arg(long, value_name = "PORT", requires = "insecure_tcp_local_channels")]
+    pub admin_port: Option<u16>,
+    /// With --insecure-tcp-local-channels: the loopback address the xDS server listens on and
+    /// Envoy connects to (default 127.0.0.1:18000).
+    #[arg(long, value_parser = parse_xds_address, value_name = "IP:PORT", requires = "insecure_tcp_local_channels")]
+    pub xds_address: Option<SocketAddr>,
+}
+
+impl LocalChannelFlags {
+    /// The two channels, checked (the socket directory is not touched here:
+    /// [`LocalChannels::prepare`]).
+    pub fn resolve(&self) -> Result<LocalChannels, FlagError> {
+        if self.insecure_tcp_local_channels {
+            return Ok(LocalChannels::tcp(
+                self.admin_port.unwrap_or(DEFAULT_ADMIN_PORT),
+                self.xds_address.unwrap_or(DEFAULT_XDS_ADDRESS),
+            ));
+        }
+        LocalChannels::unix(&self.socket_dir)
+            .map_err(|e| FlagError::flag("--socket-dir", self.socket_dir.display(), e.to_string()))
     }
 }
 
@@ -421,11 +463,76 @@ mod tests {
         listener: ListenerFlags,
         #[command(flatten)]
         upstream: UpstreamTlsFlags,
+        #[command(flatten)]
+        channels: LocalChannelFlags,
     }
 
     fn parse(args: &[&str]) -> Result<Flags, clap::Error> {
         use clap::Parser;
         Flags::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn local_channels_are_unix_sockets_unless_tcp_is_asked_for() {
+        use crate::local_channels::LocalChannel;
+        let plain = [
+            "--insecure-plaintext-listener",
+            "--insecure-plaintext-upstreams",
+        ];
+        let channels = |extra: &[&str]| {
+            parse(&[plain.as_slice(), extra].concat()).map(|f| f.channels.resolve())
+        };
+        let c = channels(&[]).expect("parses").expect("valid");
+        assert_eq!(
+            c.admin(),
+            &LocalChannel::Unix("/run/skewgate/envoy-admin.sock".into())
+        );
+        assert_eq!(
+            c.xds(),
+            &LocalChannel::Unix("/run/skewgate/xds.sock".into())
+        );
+        let c = channels(&["--socket-dir=/var/run/sg"])
+            .expect("parses")
+            .expect("valid");
+        assert_eq!(c.xds(), &LocalChannel::Unix("/var/run/sg/xds.sock".into()));
+        let c = channels(&["--insecure-tcp-local-channels"])
+            .expect("parses")
+            .expect("valid");
+        assert_eq!(
+            c.admin(),
+            &LocalChannel::Tcp("127.0.0.1:9901".parse().expect("a"))
+        );
+        assert_eq!(
+            c.xds(),
+            &LocalChannel::Tcp("127.0.0.1:18000".parse().expect("a"))
+        );
+        let c = channels(&[
+            "--insecure-tcp-local-channels",
+            "--admin-port=0",
+            "--xds-address=[::1]:18010",
+        ])
+        .expect("parses")
+        .expect("valid");
+        assert_eq!(
+            c.admin(),
+            &LocalChannel::Tcp("127.0.0.1:0".parse().expect("a"))
+        );
+        assert_eq!(
+            c.xds(),
+            &LocalChannel::Tcp("[::1]:18010".parse().expect("a"))
+        );
+        // TCP only when asked for by name, on loopback only; a relative directory never.
+        assert!(channels(&["--admin-port=9901"]).is_err());
+        assert!(channels(&["--xds-address=127.0.0.1:18000"]).is_err());
+        assert!(channels(&["--insecure-tcp-local-channels", "--socket-dir=/run/x"]).is_err());
+        assert!(channels(&[
+            "--insecure-tcp-local-channels",
+            "--xds-address=10.0.0.1:18000"
+        ])
+        .is_err());
+        assert!(channels(&["--socket-dir=run/skewgate"])
+            .expect("parses")
+            .is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod envoy;
 pub mod fetch;
 pub mod flags;
 pub mod health;
+pub mod local_channels;
 pub mod peers;
 pub mod plan;
 pub mod routing;

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use skewgate_control::discovery::documents::DiscoveryDocuments;
 use skewgate_control::envoy::Address;
-use skewgate_control::flags::{parse_address, ListenerFlags, UpstreamTlsFlags};
+use skewgate_control::flags::{parse_address, ListenerFlags, LocalChannelFlags, UpstreamTlsFlags};
 use skewgate_control::plan::{ApiserverView, MergedOutcome};
 use skewgate_control::static_config::{self, StaticConfig};
 use skewgate_core::group_version::GroupVersion;
@@ -64,6 +64,9 @@ struct RenderStatic {
     listener: ListenerFlags,
     #[command(flatten)]
     upstream: UpstreamTlsFlags,
+    /// Where Envoy's admin interface is (there is no xDS in the static mode).
+    #[command(flatten)]
+    channels: LocalChannelFlags,
 }
 
 #[derive(Clone)]
@@ -136,6 +139,11 @@ fn render_static(args: RenderStatic) -> Result<()> {
         .collect();
     let serving = args.listener.serving_tls()?;
     let (_, upstream_tls) = args.upstream.resolve()?;
+    if args.channels.xds_address.is_some() {
+        bail!("--xds-address: render-static has no xDS (Envoy reads its configuration from files)");
+    }
+    let channels = args.channels.resolve()?;
+    channels.prepare().context("--socket-dir")?;
     let shared_storage: BTreeSet<GroupVersion> = args.shared_storage.iter().cloned().collect();
     let written = static_config::write(&StaticConfig {
         dir: &args.out_dir,
@@ -144,7 +152,7 @@ fn render_static(args: RenderStatic) -> Result<()> {
         shared_storage: &shared_storage,
         wasm_path: &args.wasm,
         listen: &args.listener.listen,
-        admin_port: args.listener.admin_port,
+        admin: channels.admin(),
         request_timeout: args.listener.request_timeout,
         serving: serving.as_ref(),
         upstream_tls: upstream_tls.as_ref(),

@@ -14,6 +14,7 @@ use skewgate_core::group_version::GroupVersion;
 use crate::envoy::bootstrap::{Bootstrap, ConfigSource, PeerPassthrough};
 use crate::envoy::secrets::{serving_secrets, upstream_secrets};
 use crate::envoy::{Address, EnvoyError, ServingTls, UpstreamTls};
+use crate::local_channels::LocalChannel;
 use crate::plan::{plan, ApiserverView, Plan, PlanError, PlanInputs};
 use crate::xds::files;
 
@@ -35,7 +36,8 @@ pub struct StaticConfig<'a> {
     /// `skewgate_filter.wasm` as Envoy sees it.
     pub wasm_path: &'a Path,
     pub listen: &'a Address,
-    pub admin_port: u16,
+    /// Envoy's admin interface (its socket directory must exist).
+    pub admin: &'a LocalChannel,
     pub request_timeout: Duration,
     pub serving: Option<&'a ServingTls>,
     pub upstream_tls: Option<&'a UpstreamTls>,
@@ -96,7 +98,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
     std::fs::write(&json_path, planned.routing.config.to_json()).map_err(io(&json_path))?;
     let yaml = Bootstrap {
         listen: config.listen,
-        admin_port: config.admin_port,
+        admin: config.admin,
         config_source: ConfigSource::Files { dir: &dir },
         node_id: NODE_ID,
         request_timeout: config.request_timeout,

@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use skewgate_control::discovery::DiscoveryDocuments;
 use skewgate_control::envoy::Address;
+use skewgate_control::local_channels::{LocalChannel, ADMIN_SOCKET};
 use skewgate_control::plan::{ApiserverView, MergedOutcome};
 use skewgate_control::routing::RoutingPlan;
 use skewgate_control::static_config::{self, StaticConfig, BOOTSTRAP_FILE};
 use tokio::process::{Child, Command};
 
-use crate::http::{client, header};
+use crate::http::{client, header, local_get};
 use crate::kubeconfig::kubeconfig_yaml;
 use crate::paths::{envoy_bin, wasm_path};
 use crate::sim::SimApiserver;
@@ -27,7 +28,8 @@ use crate::sim::SimApiserver;
 pub struct Envoy {
     /// Where the listener is (see [`Envoy::spawn`]).
     pub address: Address,
-    pub admin: Address,
+    /// Its admin interface, as `--admin-address-path` reports it (a Unix socket by default).
+    pub admin: LocalChannel,
     /// The plan a static Envoy was configured with (`None` in the live mode).
     pub plan: Option<RoutingPlan>,
     /// The listener serves TLS: [`Envoy::url`] is `https://`.
@@ -111,6 +113,9 @@ impl Envoy {
             .collect();
         let wasm = wasm_path()?;
         let listen = Address::parse_listen("127.0.0.1:0")?;
+        // The default: admin on a Unix socket of mode 0600, here in the private temporary
+        // directory.
+        let admin = LocalChannel::Unix(dir.path().join(ADMIN_SOCKET));
         let written = static_config::write(&StaticConfig {
             dir: dir.path(),
             local: ApiserverView {
@@ -122,7 +127,7 @@ impl Envoy {
             shared_storage: &BTreeSet::new(),
             wasm_path: &wasm,
             listen: &listen,
-            admin_port: 0,
+            admin: &admin,
             request_timeout: options.request_timeout,
             serving: options.serving.as_ref(),
             upstream_tls: options.upstream.as_ref(),
@@ -182,9 +187,8 @@ impl Envoy {
             "its admin interface was up",
             || async move {
                 let admin = std::fs::read_to_string(admin_path).ok()?;
-                let admin = Address::parse(admin.trim()).ok()?;
-                let url = format!("http://{}:{}/server_info", admin.host, admin.port);
-                client().get(url).send().await.ok()?;
+                let admin = admin_channel(admin.trim())?;
+                local_get(&admin, "/server_info").await.ok()?;
                 Some(admin)
             },
         )
@@ -210,9 +214,9 @@ impl Envoy {
         Ok(())
     }
 
-    async fn listener_address(admin: &Address) -> Option<Address> {
-        let url = format!("http://{}:{}/listeners?format=json", admin.host, admin.port);
-        let body: serde_json::Value = client().get(url).send().await.ok()?.json().await.ok()?;
+    async fn listener_address(admin: &LocalChannel) -> Option<Address> {
+        let (_, body) = local_get(admin, "/listeners?format=json").await.ok()?;
+        let body: serde_json::Value = serde_json::from_str(&body).ok()?;
         let socket = body
             .get("listener_statuses")?
             .get(0)?
@@ -225,8 +229,7 @@ impl Envoy {
 
     /// A GET on the admin interface: the body.
     pub async fn admin(&self, path: &str) -> Result<String> {
-        let url = format!("http://{}:{}{path}", self.admin.host, self.admin.port);
-        Ok(client().get(url).send().await?.text().await?)
+        Ok(local_get(&self.admin, path).await?.1)
     }
 
     /// One counter or gauge from the admin `/stats`.
@@ -255,6 +258,15 @@ impl Envoy {
         let path = self.dir.path().join("kubeconfig");
         std::fs::write(&path, kubeconfig_yaml(&self.url()))?;
         Ok(path)
+    }
+}
+
+/// What `--admin-address-path` holds: the socket's path, or `ip:port`.
+fn admin_channel(written: &str) -> Option<LocalChannel> {
+    if written.starts_with('/') {
+        Some(LocalChannel::Unix(written.into()))
+    } else {
+        written.parse().ok().map(LocalChannel::Tcp)
     }
 }
 

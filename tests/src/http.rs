@@ -1,8 +1,10 @@
-//! HTTP helpers: a client with a timeout, response headers, and watch event streams.
+//! HTTP helpers: a client with a timeout, GETs on a local channel (Envoy's admin interface on
+//! its Unix socket or loopback TCP), response headers, and watch event streams.
 
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use skewgate_control::local_channels::LocalChannel;
 
 /// A client with a 10 s timeout.
 pub(crate) fn client() -> reqwest::Client {
@@ -10,6 +12,42 @@ pub(crate) fn client() -> reqwest::Client {
         .timeout(Duration::from_secs(10))
         .build()
         .expect("a client")
+}
+
+/// A GET on a local channel: (status, body). Over a Unix socket: one HTTP/1.1 connection.
+pub async fn local_get(channel: &LocalChannel, path: &str) -> Result<(u16, String)> {
+    let path_and_query = path.to_string();
+    match channel {
+        LocalChannel::Tcp(address) => {
+            let resp = client()
+                .get(format!("http://{address}{path_and_query}"))
+                .send()
+                .await?;
+            Ok((resp.status().as_u16(), resp.text().await?))
+        }
+        LocalChannel::Unix(socket) => {
+            tokio::time::timeout(Duration::from_secs(10), unix_get(socket, &path_and_query))
+                .await
+                .with_context(|| format!("GET {path} on {channel}: no answer within 10s"))?
+        }
+    }
+}
+
+async fn unix_get(socket: &std::path::Path, path: &str) -> Result<(u16, String)> {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header(hyper::header::HOST, "localhost")
+        .body(http_body_util::Empty::<hyper::body::Bytes>::new())?;
+    let response = sender.send_request(request).await?;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// A response header as text (empty when absent).

@@ -16,7 +16,7 @@
 //! | `kubeconfig` | kubeconfigs, plain and TLS ([`Credential`]) |
 //! | `kubectl` | running real kubectl |
 //! | `upgrades` | raw HTTP/1.1 upgrades, WebSocket and SPDY ([`upgrade_request`], [`Upgraded`]) |
-//! | `http` | response headers and watch streams |
+//! | `http` | GETs on local channels (Envoy's admin socket), response headers and watch streams |
 //! | `net` | free loopback ports and a peer that never answers |
 //! | `wait` | polling a condition |
 
@@ -34,7 +34,7 @@ mod wait;
 
 pub use envoy::{mixed_cluster, Envoy, EnvoyOptions, PeerSpec, Probe, DEFAULT_REQUEST_TIMEOUT};
 pub use etcd::Etcd;
-pub use http::{header, watch_until};
+pub use http::{header, local_get, watch_until};
 pub use kubeconfig::{kubeconfig_tls, kubeconfig_yaml, Credential};
 pub use kubectl::{kubectl, kubectl_with};
 pub use net::{black_hole, free_port};

@@ -87,7 +87,8 @@ fn control_bin() -> Result<PathBuf> {
 struct Control {
     args: Vec<OsString>,
     health: Address,
-    xds: Address,
+    /// `--socket-dir`: the xDS socket and Envoy's admin socket (the default local channels).
+    socket_dir: PathBuf,
     log_path: PathBuf,
     child: Option<Child>,
 }
@@ -131,14 +132,15 @@ impl Control {
     }
 
     fn with_args(local: &SimApiserver, dir: &Path, extra: Vec<String>) -> Result<Self> {
-        let (xds, health) = (free_port()?, free_port()?);
+        let health = free_port()?;
+        let socket_dir = dir.join("sockets");
         let mut args: Vec<OsString> = vec!["run".into()];
         args.push(format!("--local-apiserver-url={}", local.url()).into());
         args.push(format!("--local-lease={}", local.lease_name()).into());
         if !extra.iter().any(|a| a.starts_with("--lease-grace")) {
             args.push(format!("--lease-grace={}ms", GRACE.as_millis()).into());
         }
-        args.push(format!("--xds-listen=127.0.0.1:{xds}").into());
+        args.push(format!("--socket-dir={}", socket_dir.display()).into());
         args.push(format!("--health-listen=127.0.0.1:{health}").into());
         args.push(format!("--wasm={}", wasm_path()?.display()).into());
         args.push("--initial-sync-timeout=20s".into());
@@ -151,7 +153,7 @@ impl Control {
         Ok(Control {
             args,
             health: Address::parse(&format!("127.0.0.1:{health}"))?,
-            xds: Address::parse(&format!("127.0.0.1:{xds}"))?,
+            socket_dir,
             log_path: dir.join("skewgate-control.log"),
             child: None,
         })
@@ -306,11 +308,7 @@ async fn live_envoy(
         .arg("bootstrap")
         .args(&listener_args)
         .arg(format!("--listen=127.0.0.1:{port}"))
-        .arg("--admin-port=0")
-        .arg(format!(
-            "--xds-address={}:{}",
-            control.xds.host, control.xds.port
-        ))
+        .arg(format!("--socket-dir={}", control.socket_dir.display()))
         .arg("--node-id=envoy-apiserver-a")
         .output()
         .await?;

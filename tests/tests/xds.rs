@@ -1,12 +1,12 @@
-//! The live mode on real Envoy 1.40: the rendered `envoy/dynamic-bootstrap.yaml`, the xDS
-//! server of `skewgate_control::xds` running in this test process, the release
+//! The live mode on real Envoy 1.40: the rendered `envoy/bootstrap.yaml`, the xDS
+//! server of `skewgate_control::xds` running in this test process on its Unix socket, the release
 //! `skewgate_filter.wasm`, and simulated apiservers (1.30 local, 1.33 peer) serving the real
 //! fixture documents.
 //!
 //! One scenario, in order: (a) before any snapshot Envoy's listener stays closed; (b) the first
 //! snapshot opens it and routes; (c) a filter configuration the filter refuses is NACKed once,
 //! not re-pushed, and Envoy keeps routing with the previous one; (d) the server stops and
-//! restarts at the same address while traffic flows: no gap, and the reconnecting Envoy is
+//! restarts at the same socket (the dead server's socket file replaced) while traffic flows: no gap, and the reconnecting Envoy is
 //! resynced from the versions it reports; (e) the restarted server pushes the next change
 //! (the peer leaves: its cluster is removed after the configuration that no longer names it).
 
@@ -18,6 +18,7 @@ use anyhow::{bail, Context, Result};
 use skewgate_control::envoy::bootstrap::{Bootstrap, ConfigSource};
 use skewgate_control::envoy::resources::filter_extension_config;
 use skewgate_control::envoy::{Address, FILTER_NAME};
+use skewgate_control::local_channels::{self, LocalChannel, LocalChannels};
 use skewgate_control::routing::{self, Peer, RoutingPlan};
 use skewgate_control::xds::{
     self, Snapshot, SnapshotInputs, XdsError, XdsMetrics, CLUSTER_TYPE_URL,
@@ -47,25 +48,24 @@ fn init_logs() {
 
 /// The xDS server of `skewgate_control::xds`, in this process.
 struct XdsServer {
-    address: Address,
+    socket: std::path::PathBuf,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), XdsError>>,
 }
 
 impl XdsServer {
     async fn start(
-        listen: &str,
+        socket: &std::path::Path,
         snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
         metrics: Arc<XdsMetrics>,
     ) -> Result<Self> {
-        let listener = tokio::net::TcpListener::bind(listen).await?;
-        let address = Address::parse(&listener.local_addr()?.to_string())?;
+        let listener = local_channels::bind_unix(socket)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(xds::serve(listener, snapshots, metrics, async move {
             let _ = stopped.await;
         }));
         Ok(XdsServer {
-            address,
+            socket: socket.to_path_buf(),
             stop: Some(stop),
             task,
         })
@@ -86,13 +86,15 @@ impl XdsServer {
 
 /// Envoy on the rendered live-mode bootstrap, its admin interface up (not its listener: that
 /// opens only after the first sync).
-async fn live_envoy(xds: &Address) -> Result<Envoy> {
+async fn live_envoy(channels: &LocalChannels) -> Result<Envoy> {
     // The listener's port is chosen here so that its closed state can be observed.
     let listen = Address::parse(&format!("127.0.0.1:{}", free_port()?))?;
     let yaml = Bootstrap {
         listen: &listen,
-        admin_port: 0,
-        config_source: ConfigSource::Ads { xds },
+        admin: channels.admin(),
+        config_source: ConfigSource::Ads {
+            xds: channels.xds(),
+        },
         node_id: "envoy-apiserver-a",
         request_timeout: DEFAULT_REQUEST_TIMEOUT,
         serving: None,
@@ -201,8 +203,13 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
 
     let (publisher, snapshots) = watch::channel(None);
     let metrics = Arc::new(XdsMetrics::new());
-    let server = XdsServer::start("127.0.0.1:0", snapshots.clone(), metrics.clone()).await?;
-    let envoy = live_envoy(&server.address).await?;
+    let sockets = tempfile::tempdir()?;
+    let channels = LocalChannels::unix(sockets.path())?;
+    let LocalChannel::Unix(xds_socket) = channels.xds() else {
+        bail!("the default is a Unix socket");
+    };
+    let server = XdsServer::start(xds_socket, snapshots.clone(), metrics.clone()).await?;
+    let envoy = live_envoy(&channels).await?;
 
     // (a) Envoy has opened its ADS stream, but no snapshot exists: nothing is sent, and the
     // listener stays closed (warming on ECDS).
@@ -320,7 +327,7 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
     // it holds, and the restarted server has nothing to resend.
     let probe = Probe::start(&envoy, vec![(CLAIMS_V1BETA2, 200, "apiserver-b")]);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let xds_address = server.address.clone();
+    let xds_socket = server.socket.clone();
     let stopped_in = server.stop().await?;
     let down_since = Instant::now();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -329,8 +336,9 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
 
     let (publisher2, snapshots2) = watch::channel(Some(good.clone()));
     let metrics2 = Arc::new(XdsMetrics::new());
-    let listen = format!("{}:{}", xds_address.host, xds_address.port);
-    let server2 = XdsServer::start(&listen, snapshots2, metrics2.clone()).await?;
+    // The stopped server's socket file is still there: the next one replaces it.
+    assert!(xds_socket.exists());
+    let server2 = XdsServer::start(&xds_socket, snapshots2, metrics2.clone()).await?;
     wait_until("Envoy reconnects", Duration::from_secs(30), || {
         metrics2.streams() >= 1
     })

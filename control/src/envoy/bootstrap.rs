@@ -1,7 +1,8 @@
 //! Renders `envoy/bootstrap.yaml`, the one Envoy bootstrap of both modes.
 //!
 //! The template carries every Envoy setting with the reason for it; this module only fills in
-//! the listener (and its TLS), the admin address, the node id, the short request timeout, the
+//! the listener (and its TLS), the admin address (a Unix socket by default,
+//! [`crate::local_channels`]), the node id, the short request timeout, the
 //! optional peer port, and where the clusters and the filter configuration come from
 //! ([`ConfigSource`]: the control plane's ADS stream, or files beside the bootstrap).
 
@@ -10,15 +11,16 @@ use std::time::Duration;
 
 use super::secrets::{sds_secret_config_json, CLIENT_CA_SECRET, SERVING_SECRET};
 use super::{checked_path, Address, EnvoyError, ServingTls, REQUEST_TIMEOUT_MARGIN};
+use crate::local_channels::{LocalChannel, SOCKET_MODE};
 
 const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");
 
 /// Where Envoy gets its clusters (CDS) and the filter configuration (ECDS).
 #[derive(Debug, Clone, Copy)]
 pub enum ConfigSource<'a> {
-    /// The live mode: one delta ADS stream from the control plane at this address (loopback,
-    /// beside Envoy).
-    Ads { xds: &'a Address },
+    /// The live mode: one delta ADS stream from the control plane beside Envoy, on this
+    /// channel ([`crate::local_channels`]).
+    Ads { xds: &'a LocalChannel },
     /// The static mode: files in this directory ([`crate::xds::files`]), which Envoy reads at
     /// start and re-reads when they are replaced.
     Files { dir: &'a Path },
@@ -28,7 +30,8 @@ pub enum ConfigSource<'a> {
 #[derive(Debug, Clone)]
 pub struct Bootstrap<'a> {
     pub listen: &'a Address,
-    pub admin_port: u16,
+    /// Envoy's admin interface: a Unix socket Envoy creates with mode 0600, or loopback TCP.
+    pub admin: &'a LocalChannel,
     pub config_source: ConfigSource<'a>,
     /// This Envoy's node id (for the control plane's logs).
     pub node_id: &'a str,
@@ -107,6 +110,27 @@ fn downstream_tls(
     Ok(format!("name: tls\n      transport_socket: {socket}"))
 }
 
+/// A local channel as an Envoy `Address`, in YAML flow. `bind`: Envoy listens on it, and
+/// creates a socket with mode [`SOCKET_MODE`].
+fn local_address(channel: &LocalChannel, bind: bool) -> Result<String, EnvoyError> {
+    Ok(match channel {
+        LocalChannel::Unix(path) => {
+            let path = checked_path(path, "the socket path")?;
+            let pipe = if bind {
+                serde_json::json!({ "mode": SOCKET_MODE, "path": path })
+            } else {
+                serde_json::json!({ "path": path })
+            };
+            serde_json::json!({ "pipe": pipe }).to_string()
+        }
+        LocalChannel::Tcp(address) => serde_json::json!({ "socket_address": {
+            "address": address.ip().to_string(),
+            "port_value": address.port(),
+        }})
+        .to_string(),
+    })
+}
+
 /// A config source in YAML flow: ADS, or one file of `dir`.
 fn config_source(source: ConfigSource<'_>, file: &str) -> Result<String, EnvoyError> {
     Ok(match source {
@@ -170,14 +194,12 @@ impl Bootstrap<'_> {
                 .replace("{{apiserver_discovery_type}}", discovery_type);
         }
         if let ConfigSource::Ads { xds } = self.config_source {
-            template = template
-                .replace("{{xds_address}}", &quoted_host(xds))
-                .replace("{{xds_port}}", &xds.port.to_string());
+            template = template.replace("{{xds_address}}", &local_address(xds, false)?);
         }
         Ok(template
             .replace("{{downstream_tls}}", &downstream_tls)
             .replace("{{node_id}}", &format!("\"{}\"", self.node_id))
-            .replace("{{admin_port}}", &self.admin_port.to_string())
+            .replace("{{admin_address}}", &local_address(self.admin, true)?)
             .replace("{{listen_address}}", &quoted_host(self.listen))
             .replace("{{listen_port}}", &self.listen.port.to_string())
             .replace(
@@ -206,15 +228,18 @@ fn quoted_host(address: &Address) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::local_channels::LocalChannels;
 
     #[test]
     fn renders_every_placeholder() {
         let listen = Address::parse_listen("10.0.0.11:6443").expect("listen");
-        let xds = Address::parse("127.0.0.1:18000").expect("xds");
+        let channels = LocalChannels::unix(Path::new("/run/skewgate")).expect("channels");
         let yaml = Bootstrap {
             listen: &listen,
-            admin_port: 9901,
-            config_source: ConfigSource::Ads { xds: &xds },
+            admin: channels.admin(),
+            config_source: ConfigSource::Ads {
+                xds: channels.xds(),
+            },
             node_id: "apiserver-a",
             request_timeout: Duration::from_secs(60),
             serving: None,
@@ -227,8 +252,9 @@ mod tests {
         for want in [
             "id: \"apiserver-a\"",
             "address: \"10.0.0.11\", port_value: 6443",
-            "address: \"127.0.0.1\", port_value: 18000",
-            "port_value: 9901",
+            // Admin and xDS on Unix sockets only the owner may open; Envoy binds admin.
+            r#"address: {"pipe":{"mode":384,"path":"/run/skewgate/envoy-admin.sock"}}"#,
+            r#"endpoint: { address: {"pipe":{"path":"/run/skewgate/xds.sock"}} }"#,
             "timeout: 70s",
             "api_type: DELTA_GRPC",
             "initial_fetch_timeout: 0s",
@@ -241,6 +267,7 @@ mod tests {
         ] {
             assert!(yaml.contains(want), "{want} missing");
         }
+        assert!(!yaml.contains("port_value: 9901") && !yaml.contains("port_value: 18000"));
         // Every route goes through the filter's header: none names a cluster itself.
         assert!(!yaml.contains("cluster: skewgate-local"), "{yaml}");
         assert!(!yaml.contains("transport_socket"));
@@ -256,10 +283,11 @@ mod tests {
     #[test]
     fn the_static_mode_reads_the_same_resources_from_files() {
         let listen = Address::parse_listen("127.0.0.1:0").expect("listen");
+        let admin = LocalChannel::Unix("/var/lib/skewgate/envoy-admin.sock".into());
         let render = |dir: &str| {
             Bootstrap {
                 listen: &listen,
-                admin_port: 0,
+                admin: &admin,
                 config_source: ConfigSource::Files {
                     dir: Path::new(dir),
                 },
@@ -291,11 +319,12 @@ mod tests {
     #[test]
     fn refuses_unsafe_node_ids() {
         let a = Address::parse("127.0.0.1:1").expect("address");
+        let channel = LocalChannel::Tcp("127.0.0.1:1".parse().expect("address"));
         for bad in ["", "a b", "a\"b", "a\nb"] {
             let r = Bootstrap {
                 listen: &a,
-                admin_port: 0,
-                config_source: ConfigSource::Ads { xds: &a },
+                admin: &channel,
+                config_source: ConfigSource::Ads { xds: &channel },
                 node_id: bad,
                 request_timeout: Duration::from_secs(60),
                 serving: None,
@@ -310,7 +339,7 @@ mod tests {
     #[test]
     fn serves_tls_with_optional_client_certificates() {
         let listen = Address::parse_listen("10.0.0.11:6443").expect("listen");
-        let xds = Address::parse("127.0.0.1:18000").expect("xds");
+        let channels = LocalChannels::tcp(9901, "127.0.0.1:18000".parse().expect("xds"));
         let mut serving = ServingTls {
             cert_file: "/etc/kubernetes/pki/apiserver.crt".into(),
             key_file: "/etc/kubernetes/pki/apiserver.key".into(),
@@ -319,8 +348,10 @@ mod tests {
         let render = |serving: &ServingTls, sds_dir: Option<&str>| {
             Bootstrap {
                 listen: &listen,
-                admin_port: 9901,
-                config_source: ConfigSource::Ads { xds: &xds },
+                admin: channels.admin(),
+                config_source: ConfigSource::Ads {
+                    xds: channels.xds(),
+                },
                 node_id: "apiserver-a",
                 request_timeout: Duration::from_secs(60),
                 serving: Some(serving),
@@ -330,6 +361,13 @@ mod tests {
             .render()
         };
         let yaml = render(&serving, Some("/var/lib/skewgate/sds")).expect("renders");
+        // --insecure-tcp-local-channels: admin and xDS on loopback TCP.
+        assert!(yaml
+            .contains(r#"address: {"socket_address":{"address":"127.0.0.1","port_value":9901}}"#));
+        assert!(yaml.contains(
+            r#"endpoint: { address: {"socket_address":{"address":"127.0.0.1","port_value":18000}}"#
+        ));
+        assert!(!yaml.contains("pipe"));
         let line = yaml
             .lines()
             .find_map(|l| l.trim().strip_prefix("transport_socket: "))
@@ -386,11 +424,13 @@ mod tests {
         let listen = Address::parse_listen("10.0.0.11:6443").expect("listen");
         let peer_listen = Address::parse_listen("10.0.0.11:6444").expect("peer");
         let apiserver = Address::parse("127.0.0.1:6443").expect("apiserver");
-        let xds = Address::parse("127.0.0.1:18000").expect("xds");
+        let channels = LocalChannels::unix(Path::new("/run/skewgate")).expect("channels");
         let yaml = Bootstrap {
             listen: &listen,
-            admin_port: 9901,
-            config_source: ConfigSource::Ads { xds: &xds },
+            admin: channels.admin(),
+            config_source: ConfigSource::Ads {
+                xds: channels.xds(),
+            },
             node_id: "cp-1",
             request_timeout: Duration::from_secs(60),
             serving: None,

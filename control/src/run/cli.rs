@@ -11,10 +11,10 @@ use tracing::{error, info, warn};
 
 use crate::envoy::bootstrap::{Bootstrap, ConfigSource, PeerPassthrough};
 use crate::envoy::secrets::{serving_secrets, upstream_secrets};
-use crate::envoy::Address;
 use crate::fetch::{ClientTemplate, DiscoveryMetrics};
-use crate::flags::{parse_local_url, parse_xds_listen, sds_dir, ListenerFlags, Scheme};
+use crate::flags::{parse_local_url, sds_dir, ListenerFlags, LocalChannelFlags, Scheme};
 use crate::health::{self, Health};
+use crate::local_channels::{self, LocalChannel};
 use crate::peers::{self, PeerMetrics, PeerWatcher};
 use crate::shared_storage::{SharedStorageMetrics, SharedStorageWatcher};
 use crate::xds::{self, XdsMetrics};
@@ -95,6 +95,29 @@ fn readable(path: &std::path::Path, what: &str) -> Result<()> {
         .with_context(|| format!("{what} {}", path.display()))
 }
 
+/// The xDS server's listener: its Unix socket (the socket directory created or checked first),
+/// or loopback TCP.
+async fn bind_xds(channels: &local_channels::LocalChannels) -> Result<xds::Listener> {
+    match channels.xds() {
+        LocalChannel::Unix(path) => {
+            channels.prepare().context("--socket-dir")?;
+            Ok(local_channels::bind_unix(path)
+                .context("the xDS socket in --socket-dir")?
+                .into())
+        }
+        LocalChannel::Tcp(address) => {
+            warn!(
+                "INSECURE: --insecure-tcp-local-channels: xDS on {address} and Envoy's admin \
+                 interface on loopback TCP: any process on this node can reach them"
+            );
+            Ok(tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("--xds-address {address}"))?
+                .into())
+        }
+    }
+}
+
 async fn wait_true(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
@@ -112,9 +135,7 @@ async fn run_async(config: RunConfig) -> Result<()> {
         xds::files::write_secrets(dir, &upstream_secrets(tls)?)
             .with_context(|| format!("writing the SDS files in --sds-dir {}", dir.display()))?;
     }
-    let xds_listener = tokio::net::TcpListener::bind(config.xds_listen)
-        .await
-        .with_context(|| format!("--xds-listen {}", config.xds_listen))?;
+    let xds_listener = bind_xds(&config.local_channels).await?;
     let health_listener = tokio::net::TcpListener::bind(config.health_listen)
         .await
         .with_context(|| format!("--health-listen {}", config.health_listen))?;
@@ -236,9 +257,10 @@ async fn run_async(config: RunConfig) -> Result<()> {
 pub struct BootstrapArgs {
     #[command(flatten)]
     pub listener: ListenerFlags,
-    /// Where `skewgate-control run` serves xDS (its --xds-listen; loopback).
-    #[arg(long, default_value = "127.0.0.1:18000", value_parser = parse_xds_listen, value_name = "IP:PORT")]
-    pub xds_address: std::net::SocketAddr,
+    /// Where Envoy's admin interface is and where `skewgate-control run` serves xDS (give
+    /// both the same).
+    #[command(flatten)]
+    pub channels: LocalChannelFlags,
     /// This Envoy's node id, for the control plane's logs.
     #[arg(long, default_value = "skewgate")]
     pub node_id: String,
@@ -256,7 +278,7 @@ pub struct BootstrapArgs {
 /// Render the bootstrap for these flags.
 pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
     let listener = &args.listener;
-    let xds = Address::parse(&args.xds_address.to_string())?;
+    let channels = args.channels.resolve()?;
     let serving = listener.serving_tls()?;
     let sds_dir = sds_dir(args.sds_dir.as_deref(), serving.is_some())?;
     let peer = match (listener.peer_listen()?, &args.local_apiserver_url) {
@@ -275,8 +297,10 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
     };
     Ok(Bootstrap {
         listen: &listener.listen,
-        admin_port: listener.admin_port,
-        config_source: ConfigSource::Ads { xds: &xds },
+        admin: channels.admin(),
+        config_source: ConfigSource::Ads {
+            xds: channels.xds(),
+        },
         node_id: &args.node_id,
         request_timeout: listener.request_timeout,
         serving: serving.as_ref(),
@@ -303,9 +327,14 @@ pub fn bootstrap_secrets(
     Ok(Some((dir, serving_secrets(&serving)?)))
 }
 
-/// `skewgate-control bootstrap`: write the listener's SDS files, print the bootstrap.
+/// `skewgate-control bootstrap`: create (or check) the socket directory Envoy binds its admin
+/// socket in, write the listener's SDS files, print the bootstrap.
 pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
     let yaml = render_bootstrap(&args)?;
+    args.channels.resolve()?.prepare().context("--socket-dir")?;
+    if args.channels.insecure_tcp_local_channels {
+        eprintln!("skewgate-control: warning: --insecure-tcp-local-channels: Envoy's admin interface and xDS on loopback TCP, which any process on this node can reach");
+    }
     if let Some((dir, secrets)) = bootstrap_secrets(&args)? {
         xds::files::write_secrets(&dir, &secrets)
             .with_context(|| format!("writing the SDS files in --sds-dir {}", dir.display()))?;
@@ -379,8 +408,11 @@ mod tests {
 
     #[test]
     fn bootstrap_needs_tls_or_the_plaintext_opt_out() {
-        let Ok(Command::Bootstrap(args)) = parse(&["bootstrap", "--xds-address=127.0.0.1:18000"])
-        else {
+        let Ok(Command::Bootstrap(args)) = parse(&[
+            "bootstrap",
+            "--insecure-tcp-local-channels",
+            "--xds-address=127.0.0.1:18000",
+        ]) else {
             panic!("parses");
         };
         assert!(
@@ -398,6 +430,7 @@ mod tests {
         let yaml = render_bootstrap(&args).expect("renders");
         assert!(yaml.contains("timeout: 70s"));
         assert!(yaml.contains("- name: plaintext"));
+        assert!(yaml.contains(r#"{"pipe":{"path":"/run/skewgate/xds.sock"}}"#));
         let tls = [
             "bootstrap",
             "--tls-cert-file=/pki/apiserver.crt",
@@ -429,6 +462,7 @@ mod tests {
         assert!(parse(&[
             "bootstrap",
             "--insecure-plaintext-listener",
+            "--insecure-tcp-local-channels",
             "--xds-address=10.0.0.1:18000",
         ])
         .is_err());

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use crate::envoy::UpstreamTls;
 use crate::flags::{
-    absolute, parse_duration, parse_local_url, parse_socket_address, parse_xds_listen, sds_dir,
-    FlagError, LocalApiserver, PeerCidrs, Scheme, UpstreamTlsFlags,
+    absolute, parse_duration, parse_local_url, parse_socket_address, sds_dir, FlagError,
+    LocalApiserver, LocalChannelFlags, PeerCidrs, Scheme, UpstreamTlsFlags,
 };
+use crate::local_channels::LocalChannels;
 use crate::peers::{AddressPolicy, LocalSelector, MappingEntry, PeerConfig};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,10 +77,10 @@ pub struct RunArgs {
     /// same directory.
     #[arg(long, value_name = "DIR")]
     pub sds_dir: Option<PathBuf>,
-    /// Where to serve delta ADS to Envoy (loopback only; `skewgate-control bootstrap
-    /// --xds-address` must match).
-    #[arg(long, default_value = "127.0.0.1:18000", value_parser = parse_xds_listen, value_name = "IP:PORT")]
-    pub xds_listen: SocketAddr,
+    /// Where delta ADS is served to Envoy (and where Envoy's admin interface is): the same as
+    /// `skewgate-control bootstrap` was given.
+    #[command(flatten)]
+    pub channels: LocalChannelFlags,
     /// Where to serve /healthz, /readyz, /metrics and /debug/skew.
     #[arg(long, default_value = "127.0.0.1:18001", value_parser = parse_socket_address, value_name = "IP:PORT")]
     pub health_listen: SocketAddr,
@@ -123,7 +124,8 @@ pub struct RunConfig {
     pub upstream_tls: Option<UpstreamTls>,
     /// `--sds-dir`, with `upstream_tls`.
     pub sds_dir: Option<PathBuf>,
-    pub xds_listen: SocketAddr,
+    /// Envoy's admin interface and the xDS server.
+    pub local_channels: LocalChannels,
     pub health_listen: SocketAddr,
     pub wasm: PathBuf,
     pub initial_sync_timeout: Duration,
@@ -193,6 +195,7 @@ impl RunArgs {
             ));
         }
         let (scheme, upstream_tls) = self.upstream.resolve()?;
+        let local_channels = self.channels.resolve()?;
         let sds_dir = sds_dir(self.sds_dir.as_deref(), upstream_tls.is_some())?;
         let local_api = parse_local_url(self.local_apiserver_url.trim(), scheme)?;
         absolute("--wasm", &self.wasm)?;
@@ -216,7 +219,7 @@ impl RunArgs {
             scheme,
             upstream_tls,
             sds_dir,
-            xds_listen: self.xds_listen,
+            local_channels,
             health_listen: self.health_listen,
             wasm: self.wasm.clone(),
             initial_sync_timeout: self.initial_sync_timeout,
@@ -280,6 +283,10 @@ mod tests {
         assert_eq!(c.discovery_timeout, Duration::from_secs(10));
         assert_eq!(c.peers.max_peers, 16);
         assert_eq!(c.holder_refetch_interval, Duration::from_secs(10));
+        assert_eq!(
+            c.local_channels,
+            LocalChannels::unix(std::path::Path::new("/run/skewgate")).expect("channels")
+        );
         let c = args(&[], &["--max-peers=5", "--holder-refetch-interval=1m"])
             .expect("parses")
             .validate()
@@ -340,7 +347,10 @@ mod tests {
             (
                 "xDS not on loopback",
                 vec![],
-                vec!["--xds-listen=0.0.0.0:18000"],
+                vec![
+                    "--insecure-tcp-local-channels",
+                    "--xds-address=0.0.0.0:18000",
+                ],
             ),
             (
                 "bad CIDR",
@@ -357,6 +367,11 @@ mod tests {
             ("no peers allowed", vec![], vec!["--max-peers=0"]),
             ("negative cap", vec![], vec!["--max-peers=-1"]),
             ("bad duration", vec![], vec!["--discovery-timeout=soon"]),
+            (
+                "TCP without the opt-out",
+                vec![],
+                vec!["--xds-address=127.0.0.1:18000"],
+            ),
         ];
         for (what, drop, add) in bad {
             let refused = match args(&drop, &add) {

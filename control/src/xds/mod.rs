@@ -7,7 +7,7 @@
 //! - [`delta`]: the per-stream bookkeeping of delta xDS as a pure state machine: what the client
 //!   holds, what is in flight, what it refused, and which response is due next.
 //! - [`server`]: the tonic shell: `AggregatedDiscoveryService` driven by a `watch` of
-//!   snapshots, and [`serve`].
+//!   snapshots, and [`serve`] on a Unix socket or loopback TCP.
 //! - [`metrics`]: the counters the server keeps (`skewgate_xds_nacks_total{type_url}`, ...).
 //!
 //! Nothing here decides routing: the plan is computed elsewhere; this module only carries it to
@@ -22,7 +22,7 @@ pub mod server;
 pub mod snapshot;
 
 pub use metrics::XdsMetrics;
-pub use server::serve;
+pub use server::{serve, Listener};
 pub use snapshot::{Snapshot, SnapshotInputs, Versioned};
 
 /// Type URL of CDS resources.

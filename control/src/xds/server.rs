@@ -212,33 +212,77 @@ impl StreamTask {
     }
 }
 
+/// Where the xDS server accepts: a Unix socket (the default,
+/// [`crate::local_channels::bind_unix`]) or loopback TCP.
+#[derive(Debug)]
+pub enum Listener {
+    Unix(tokio::net::UnixListener),
+    Tcp(tokio::net::TcpListener),
+}
+
+impl From<tokio::net::UnixListener> for Listener {
+    fn from(listener: tokio::net::UnixListener) -> Self {
+        Listener::Unix(listener)
+    }
+}
+
+impl From<tokio::net::TcpListener> for Listener {
+    fn from(listener: tokio::net::TcpListener) -> Self {
+        Listener::Tcp(listener)
+    }
+}
+
+impl Listener {
+    fn describe(&self) -> String {
+        let address = match self {
+            Listener::Unix(l) => l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(|p| format!("unix:{}", p.display()))),
+            Listener::Tcp(l) => l.local_addr().ok().map(|a| a.to_string()),
+        };
+        address.unwrap_or_else(|| "unknown".to_string())
+    }
+}
+
 /// Serve ADS on `listener` until `shutdown` completes: then every open stream ends with
 /// UNAVAILABLE (Envoy keeps its configuration and reconnects), and this returns once the
 /// connections are closed.
 pub async fn serve(
-    listener: tokio::net::TcpListener,
+    listener: impl Into<Listener>,
     snapshots: Snapshots,
     metrics: Arc<XdsMetrics>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), XdsError> {
+    let listener = listener.into();
     let (close_tx, close_rx) = watch::channel(false);
     let service = AggregatedDiscoveryServiceServer::new(Ads::new(snapshots, metrics, close_rx))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-    let local = listener
-        .local_addr()
-        .map_or_else(|_| "unknown".to_string(), |a| a.to_string());
+    let local = listener.describe();
     tracing::info!(address = %local, "xDS server listening");
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         // Finds an Envoy that vanished without closing its connection.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming, async move {
-            shutdown.await;
-            tracing::info!(address = %local, "xDS server shutting down");
-            let _ = close_tx.send(true);
-        })
-        .await?;
+        .add_service(service);
+    let signal = async move {
+        shutdown.await;
+        tracing::info!(address = %local, "xDS server shutting down");
+        let _ = close_tx.send(true);
+    };
+    match listener {
+        Listener::Unix(listener) => {
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            router
+                .serve_with_incoming_shutdown(incoming, signal)
+                .await?
+        }
+        Listener::Tcp(listener) => {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            router
+                .serve_with_incoming_shutdown(incoming, signal)
+                .await?
+        }
+    }
     Ok(())
 }
