@@ -5,7 +5,8 @@
 //!   reasons before;
 //! - `/metrics`: Prometheus text (peers, discovery, xDS, shared storage, the orchestrator);
 //! - `/debug/skew`: the skew matrix as JSON, which apiserver serves which group-version-resource
-//!   and where requests for it go (`?all=true` lists uniformly served ones too).
+//!   and where requests for it go (`?all=true` lists uniformly served ones too); a browser
+//!   (`Accept` preferring `text/html`) gets the same document as a page ([`crate::skew_page`]).
 //!
 //! Nothing here decides anything: the handlers call what [`Health`] was given.
 
@@ -13,11 +14,13 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use serde::Deserialize;
+
+use crate::skew_page;
 
 /// What the endpoints show.
 pub struct Health {
@@ -84,10 +87,39 @@ struct SkewQuery {
     all: Option<String>,
 }
 
-async fn skew(State(h): State<Arc<Health>>, Query(q): Query<SkewQuery>) -> Response {
+async fn skew(
+    State(h): State<Arc<Health>>,
+    Query(q): Query<SkewQuery>,
+    headers: HeaderMap,
+) -> Response {
     let all = matches!(q.all.as_deref(), Some("" | "1" | "true" | "yes"));
-    let body = serde_json::to_string_pretty(&(h.skew)(all)).unwrap_or_else(|_| "{}".into());
-    ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response()
+    let doc = (h.skew)(all);
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    if skew_page::wants_html(accept) {
+        let page = skew_page::render(&doc, std::time::SystemTime::now());
+        return (
+            [
+                (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+                (header::VARY, "Accept"),
+                (
+                    header::CONTENT_SECURITY_POLICY,
+                    skew_page::CONTENT_SECURITY_POLICY,
+                ),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            ],
+            page,
+        )
+            .into_response();
+    }
+    let body = serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into());
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::VARY, "Accept"),
+        ],
+        body + "\n",
+    )
+        .into_response()
 }
 
 /// Serve until `shutdown` completes, then stop accepting and finish in-flight requests.
@@ -112,13 +144,25 @@ mod tests {
 
     /// One request through the router, in process.
     async fn get(router: &Router, uri: &str) -> (StatusCode, String, Option<String>) {
+        get_accepting(router, uri, None).await
+    }
+
+    async fn get_accepting(
+        router: &Router,
+        uri: &str,
+        accept: Option<&str>,
+    ) -> (StatusCode, String, Option<String>) {
         use axum::body::Body;
         use axum::http::Request;
         use http_body_util::BodyExt;
         use tower::ServiceExt;
+        let mut request = Request::get(uri);
+        if let Some(accept) = accept {
+            request = request.header("accept", accept);
+        }
         let resp = router
             .clone()
-            .oneshot(Request::get(uri).body(Body::empty()).expect("request"))
+            .oneshot(request.body(Body::empty()).expect("request"))
             .await
             .expect("infallible");
         let status = resp.status();
@@ -168,6 +212,18 @@ mod tests {
         assert!(body.contains("\"complete\": false"), "{body}");
         let (_, body, _) = get(&router, "/debug/skew?all=true").await;
         assert!(body.contains("\"complete\": true"), "{body}");
+        // curl's `*/*` and a script's `application/json`: the JSON, as before.
+        for accept in ["*/*", "application/json"] {
+            let (_, body, ct) = get_accepting(&router, "/debug/skew", Some(accept)).await;
+            assert_eq!(ct.as_deref(), Some("application/json"), "{accept}");
+            assert!(body.contains("\"complete\": false"), "{body}");
+        }
+        // A browser: the same document as a page.
+        let browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
+        let (status, body, ct) = get_accepting(&router, "/debug/skew", Some(browser)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(ct.as_deref(), Some("text/html; charset=utf-8"));
+        assert!(body.starts_with("<!DOCTYPE html>"), "{body}");
         assert_eq!(get(&router, "/nope").await.0, StatusCode::NOT_FOUND);
     }
 }

@@ -12,6 +12,7 @@ pub mod plan;
 pub mod routing;
 pub mod run;
 pub mod shared_storage;
+pub mod skew_page;
 pub mod static_config;
 pub mod xds;
 

@@ -15,11 +15,13 @@
 //! | `pki` | the test PKI ([`TestPki`], [`TestCa`], [`CertFiles`], [`Subject`]) and token users |
 //! | `kubeconfig` | kubeconfigs, plain and TLS ([`Credential`]) |
 //! | `kubectl` | running real kubectl |
+//! | `browser` | a real headless browser (Debian's chromium): DOM and screenshots |
 //! | `upgrades` | raw HTTP/1.1 upgrades, WebSocket and SPDY ([`upgrade_request`], [`Upgraded`]) |
 //! | `http` | GETs on local channels (Envoy's admin socket), response headers and watch streams |
 //! | `net` | free loopback ports and a peer that never answers |
 //! | `wait` | polling a condition |
 
+mod browser;
 mod envoy;
 mod etcd;
 mod http;
@@ -32,6 +34,7 @@ mod sim;
 mod upgrades;
 mod wait;
 
+pub use browser::{chromium_bin, dump_dom, screenshot, test_artefacts_dir};
 pub use envoy::{mixed_cluster, Envoy, EnvoyOptions, PeerSpec, Probe, DEFAULT_REQUEST_TIMEOUT};
 pub use etcd::Etcd;
 pub use http::{header, local_get, watch_until};
