@@ -8,7 +8,7 @@
 //!
 //! | module | what |
 //! | --- | --- |
-//! | `paths` | the repository, fixtures, the release filter, tool binaries |
+//! | `paths` | the repository, fixtures, the release filter, tool binaries (Envoy, kubectl, Python) |
 //! | `sim` | simulated apiservers ([`SimApiserver`], [`SimOptions`]) and identity Lease names |
 //! | `envoy` | Envoy with the filter ([`Envoy`], [`EnvoyOptions`], [`PeerSpec`], [`Probe`]) |
 //! | `etcd` | a real etcd for shared cluster state ([`Etcd`]) |
@@ -42,7 +42,7 @@ pub use kubeconfig::{kubeconfig_tls, kubeconfig_yaml, Credential};
 pub use kubectl::{kubectl, kubectl_with};
 pub use net::{black_hole, free_port};
 pub use paths::{
-    envoy_bin, etcd_bin, fixture, kubectl_1_20_bin, kubectl_bin, repo_root, wasm_path,
+    envoy_bin, etcd_bin, fixture, kubectl_1_20_bin, kubectl_bin, python_bin, repo_root, wasm_path,
 };
 pub use pki::{
     cert_dns_names, cert_serial, replace_file, token_file_csv, CertFiles, CertUsage, Subject,

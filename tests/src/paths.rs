@@ -43,6 +43,12 @@ pub fn kubectl_bin() -> Result<PathBuf> {
     tool("SKEWGATE_KUBECTL", "kubectl")
 }
 
+/// The Python of `.tools/venv`, where `scripts/setup` installs the Python Kubernetes client
+/// (PyPI `kubernetes`).
+pub fn python_bin() -> Result<PathBuf> {
+    tool("SKEWGATE_PYTHON", "python")
+}
+
 /// Debian's kubectl 1.20 (legacy discovery only), unpacked by `scripts/setup`.
 pub fn kubectl_1_20_bin() -> Result<PathBuf> {
     let path = repo_root().join(".tools/kubectl-1.20/usr/bin/kubectl");
