@@ -7,8 +7,10 @@
 //! - a [`PeerSet`] change reconciles the per-peer [`ApiserverWatch`]es ([`reconcile`]: start for
 //!   a new peer, recreate on an address change, drop and forget the metrics of one that left)
 //!   and reports every lease's holder identity to its watch, so a restart refetches at once;
-//! - any change (peers, shared storage, a watch's documents or attempts) schedules one
-//!   recomputation [`DEBOUNCE`] later, so a burst of changes becomes one push;
+//! - the first change (peers, shared storage, a watch's documents or attempts) after a quiet
+//!   spell is recomputed at once; changes that follow a recomputation within its
+//!   [`Coalescer`] window wait for the window's end and become one recomputation, so a burst
+//!   becomes a few pushes and a single lease change reaches Envoy without a fixed delay;
 //! - nothing is published before [`first_sync_gate`] allows it; after that every recomputation
 //!   whose snapshot differs (content-hash versions) is published.
 
@@ -41,9 +43,48 @@ use crate::plan::{
     plan, ApiserverView, MergedOutcome, Plan, PlanError, PlanInputs, RetainedView, Unrouted,
 };
 
-/// How long after a change the snapshot is recomputed: a burst of changes (a peer's lease and
-/// then its discovery, several peers restarting) becomes one push.
-pub const DEBOUNCE: Duration = Duration::from_millis(150);
+/// The shortest time between two recomputations: changes that arrive sooner after one (a
+/// peer's lease and then its discovery, several peers restarting) wait and are recomputed
+/// together. Pushes cannot outrun Envoy whatever this is: the delta ADS stream sends the next
+/// update of a type only after Envoy acknowledged the previous one (`xds::delta`).
+pub const COALESCE: Duration = Duration::from_millis(40);
+
+/// How long a recomputation waits for a peer that just joined to answer its first discovery
+/// fetch. A fetch on a healthy network answers well within this, and the peer is then routed
+/// in one push instead of two (first "discovery pending", 503 for what only it may serve, then
+/// routed: each ECDS update costs Envoy tens of milliseconds). A peer that does not answer in
+/// time is published as pending, as before.
+pub const FIRST_FETCH_WAIT: Duration = Duration::from_millis(50);
+
+/// When the next recomputation may run: at once after a quiet spell, otherwise once the
+/// window after the last one has passed. The window is [`COALESCE`] or as long as the last
+/// recomputation took, whichever is longer, so with a large cluster (a merge of megabytes of
+/// discovery) recomputing never takes more than half of the orchestrator's time.
+#[derive(Debug, Default)]
+struct Coalescer {
+    /// When the last recomputation ended, and how long it took.
+    last: Option<(tokio::time::Instant, Duration)>,
+}
+
+impl Coalescer {
+    /// When a change seen at `now` should be recomputed; `hold`: not before then either (a
+    /// peer's first fetch, see [`FIRST_FETCH_WAIT`]).
+    fn due(
+        &self,
+        now: tokio::time::Instant,
+        hold: Option<tokio::time::Instant>,
+    ) -> tokio::time::Instant {
+        let window = match self.last {
+            Some((ended, took)) => now.max(ended + COALESCE.max(took)),
+            None => now,
+        };
+        window.max(hold.unwrap_or(now))
+    }
+
+    fn recomputed(&mut self, started: tokio::time::Instant, ended: tokio::time::Instant) {
+        self.last = Some((ended, ended.saturating_duration_since(started)));
+    }
+}
 
 /// How often the local apiserver's discovery is revalidated (a conditional request on loopback,
 /// answered 304 while nothing changed), and the longest wait between attempts while it fails.
@@ -56,6 +97,7 @@ struct Running {
     url: String,
     watch: ApiserverWatch,
     forwarder: JoinHandle<()>,
+    started: tokio::time::Instant,
 }
 
 impl Drop for Running {
@@ -94,6 +136,7 @@ impl Running {
             url: url.to_string(),
             watch,
             forwarder,
+            started: tokio::time::Instant::now(),
         })
     }
 
@@ -270,6 +313,7 @@ impl Orchestrator {
         let mut peers_live = true;
         let mut shared_live = true;
         let mut due = Some(tokio::time::Instant::now());
+        let mut coalescer = Coalescer::default();
         let wake = self.wake.clone();
         let set = peers_rx.borrow_and_update().clone();
         self.on_peers(&set);
@@ -319,16 +363,31 @@ impl Orchestrator {
                 }
                 _ = debounce => {
                     due = None;
+                    let started = tokio::time::Instant::now();
                     let set = peers_rx.borrow().clone();
                     let storage = shared_rx.borrow().clone();
                     self.recompute(&set, &storage, deadline_passed);
+                    coalescer.recomputed(started, tokio::time::Instant::now());
                 }
             }
-            if changed && due.is_none() {
-                due = Some(tokio::time::Instant::now() + DEBOUNCE);
+            if changed {
+                // Recomputed on every change: a first fetch that completes ends its hold early.
+                due = Some(coalescer.due(tokio::time::Instant::now(), self.first_fetch_hold()));
             }
         }
         info!("orchestrator stopped");
+    }
+
+    /// Until when a recomputation waits for peers that joined moments ago to answer their first
+    /// discovery fetch ([`FIRST_FETCH_WAIT`]); `None` when no such fetch is in flight.
+    fn first_fetch_hold(&self) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        self.peers
+            .values()
+            .filter(|r| r.watch.state.borrow().attempts == 0)
+            .map(|r| r.started + FIRST_FETCH_WAIT)
+            .filter(|until| *until > now)
+            .max()
     }
 
     fn start_peer(&mut self, id: &str, url: &str) {
@@ -744,5 +803,43 @@ impl Orchestrator {
         }
         self.published_version = Some(version.clone());
         version
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_change_is_recomputed_at_once_and_followers_wait_for_the_window() {
+        let t0 = tokio::time::Instant::now();
+        let ms = Duration::from_millis;
+        let mut c = Coalescer::default();
+        assert_eq!(c.due(t0, None), t0, "nothing recomputed yet: at once");
+
+        // A quick recomputation: the window is COALESCE.
+        c.recomputed(t0, t0 + ms(2));
+        let cases = [
+            (ms(3), ms(2) + COALESCE, "right after: the window's end"),
+            (ms(30), ms(2) + COALESCE, "inside the window: its end"),
+            (ms(2) + COALESCE, ms(2) + COALESCE, "at its end: now"),
+            (ms(500), ms(500), "after a quiet spell: at once"),
+        ];
+        for (seen, due, why) in cases {
+            assert_eq!(c.due(t0 + seen, None), t0 + due, "{why}");
+        }
+        // A peer's first fetch holds a recomputation, in or after the window.
+        let hold = Some(t0 + ms(60));
+        assert_eq!(c.due(t0 + ms(3), hold), t0 + ms(60));
+        assert_eq!(
+            c.due(t0 + ms(500), hold),
+            t0 + ms(500),
+            "a passed hold is no hold"
+        );
+
+        // A slow recomputation (a huge merge) widens the window to its own length.
+        c.recomputed(t0, t0 + ms(300));
+        assert_eq!(c.due(t0 + ms(301), None), t0 + ms(600));
+        assert_eq!(c.due(t0 + ms(700), None), t0 + ms(700));
     }
 }
