@@ -7,7 +7,7 @@
 //!                                              ▼
 //!            one ApiserverWatch per apiserver (local + each live peer): discovery
 //!                                              ▼
-//!        Orchestrator (debounced): plan::plan (routing table, merged discovery, Envoy resources)
+//!        Orchestrator (coalesced): plan::plan (routing table, merged discovery, Envoy resources)
 //!                                  + Snapshot::from_plan ──► xds::serve ──► Envoy (delta ADS)
 //! ```
 //!

@@ -1,5 +1,5 @@
 //! The tokio glue of `skewgate-control run`: identity leases → one discovery watch per
-//! apiserver → (debounced) routing plan, merged discovery and xDS snapshot → the xDS server.
+//! apiserver → (coalesced) routing plan, merged discovery and xDS snapshot → the xDS server.
 //!
 //! Every decision is a function of [`super::state`]; this loop only keeps the watches running,
 //! gathers their latest views, and publishes what [`compose`] returns:
