@@ -6,7 +6,8 @@
 //! - [`LocalChannelFlags`]: where Envoy's admin interface and the xDS stream are (`run`,
 //!   `bootstrap`, `render-static`): Unix sockets in `--socket-dir`, or loopback TCP;
 //! - [`UpstreamTlsFlags`]: how Envoy and the control plane reach apiservers (`run`,
-//!   `render-static`).
+//!   `render-static`, and `bootstrap` for its fallback clusters);
+//! - [`parse_control_plane_wait`]: `bootstrap --control-plane-wait`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -217,6 +218,21 @@ pub fn parse_xds_address(s: &str) -> Result<SocketAddr, FlagError> {
     Ok(addr)
 }
 
+/// `bootstrap --control-plane-wait`: how long a starting Envoy waits for its control plane before
+/// it serves the fallback (`crate::envoy::fallback`); `0` waits forever (ports closed until the
+/// first sync). Otherwise at least [`crate::envoy::fallback::MIN_WAIT`], so that neither of
+/// Envoy's two waits (CDS, then ECDS) becomes 0, which Envoy reads as "forever".
+pub fn parse_control_plane_wait(s: &str) -> Result<Duration, FlagError> {
+    let wait = parse_duration(s)?;
+    if !wait.is_zero() && wait < crate::envoy::fallback::MIN_WAIT {
+        return Err(FlagError::value(
+            s,
+            "too short to split between Envoy's two waits (give 0 to wait forever)",
+        ));
+    }
+    Ok(wait)
+}
+
 /// How Envoy serves clients: the same flags for `bootstrap` and `render-static`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ListenerFlags {
@@ -344,7 +360,7 @@ pub struct PeerCidrs {
 }
 
 /// How Envoy (and the control plane's own discovery fetches) reach apiservers: the same flags
-/// for `run` and `render-static`.
+/// for `run`, `render-static` and `bootstrap` (its fallback clusters).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct UpstreamTlsFlags {
     /// The CA that signed the apiservers' serving certificates; they are verified with the name

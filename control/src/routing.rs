@@ -166,6 +166,7 @@ pub fn build(
         .collect();
     RoutingPlan {
         config: FilterConfig {
+            fallback: None,
             pending_peers: Vec::new(),
             schema: SCHEMA_VERSION,
             local_apiserver: local_id.to_owned(),

@@ -109,6 +109,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
             apiserver: config.local.address,
             allowed_sources: config.peer_cidrs,
         }),
+        fallback: None,
     }
     .render()?;
     let bootstrap = dir.join(BOOTSTRAP_FILE);

@@ -49,6 +49,15 @@ impl RootContext for Root {
                     config.peer_clusters.len(),
                     if compiled.discovery.is_some() { "on" } else { "off" },
                 );
+                // Once per configuration and VM, like the line above: the control plane did
+                // not configure this Envoy within the bootstrap's wait.
+                if let Some(mode) = compiled.fallback {
+                    log::warn!(
+                        "skewgate: FALLBACK configuration ({}): the control plane has not configured this Envoy; requests go to the local apiserver only, discovery is its own, until the control plane's first configuration replaces this one",
+                        mode.as_str()
+                    );
+                }
+                crate::metrics::set_fallback(compiled.fallback.is_some());
                 self.compiled = Some(Rc::new(compiled));
                 if self.worker.is_none() {
                     self.worker = Some(Rc::new(Worker::new(Metrics::define())));

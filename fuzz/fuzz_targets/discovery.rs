@@ -54,6 +54,7 @@ fn check_served(list: &APIGroupDiscoveryList) {
     assert!(served.difference(&served).is_empty());
 
     let config = FilterConfig {
+        fallback: None,
         schema: SCHEMA_VERSION,
         local_apiserver: "a".into(),
         peer_clusters: BTreeMap::new(),

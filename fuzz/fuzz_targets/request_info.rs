@@ -57,6 +57,7 @@ fn table() -> RoutingTable {
         retained: false,
     });
     let config = FilterConfig {
+        fallback: None,
         schema: SCHEMA_VERSION,
         local_apiserver: "a".into(),
         peer_clusters,

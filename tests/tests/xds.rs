@@ -100,6 +100,7 @@ async fn live_envoy(channels: &LocalChannels) -> Result<Envoy> {
         serving: None,
         sds_dir: None,
         peer: None,
+        fallback: None,
     }
     .render()?;
     Envoy::spawn(&yaml, listen).await

@@ -9,6 +9,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::fallback::{
+    default_filter_config, envoy_duration, static_clusters, FallbackInputs, Waits, MIN_WAIT,
+};
 use super::secrets::{sds_secret_config_json, CLIENT_CA_SECRET, SERVING_SECRET};
 use super::{checked_path, Address, EnvoyError, ServingTls, REQUEST_TIMEOUT_MARGIN};
 use crate::local_channels::{LocalChannel, SOCKET_MODE};
@@ -46,6 +49,9 @@ pub struct Bootstrap<'a> {
     pub sds_dir: Option<&'a Path>,
     /// The L4 peer port, if any.
     pub peer: Option<PeerPassthrough<'a>>,
+    /// What Envoy serves when the control plane has not configured it within a bounded wait
+    /// (live mode only); `None`: it waits for as long as it takes, its ports closed.
+    pub fallback: Option<FallbackInputs<'a>>,
 }
 
 /// The peer port: TLS passed through at L4 to the apiserver this Envoy fronts, so peers reach
@@ -158,6 +164,36 @@ impl Bootstrap<'_> {
         }
         let downstream_tls = downstream_tls(self.serving, self.sds_dir)?;
         let mut template = section(TEMPLATE, "peer_listener", self.peer.is_some());
+        template = section(&template, "fallback", self.fallback.is_some());
+        let waits = match &self.fallback {
+            None => Waits::FOREVER,
+            Some(fallback) => {
+                if !matches!(self.config_source, ConfigSource::Ads { .. }) {
+                    return Err(EnvoyError::Fallback(
+                        "the static mode has no control plane to wait for",
+                    ));
+                }
+                if fallback.wait < MIN_WAIT {
+                    return Err(EnvoyError::Fallback(
+                        "the wait must be at least 2ms (0: no fallback)",
+                    ));
+                }
+                let clusters: Vec<String> = static_clusters(fallback)?
+                    .iter()
+                    .map(|c| format!("- {c}"))
+                    .collect();
+                template = template
+                    .replace("{{fallback_clusters}}", &clusters.join("\n  "))
+                    .replace(
+                        "{{filter_default_config}}",
+                        &default_filter_config(fallback)?.to_string(),
+                    );
+                Waits::split(fallback.wait)
+            }
+        };
+        template = template
+            .replace("{{clusters_wait}}", &envoy_duration(waits.clusters))
+            .replace("{{filter_wait}}", &envoy_duration(waits.filter));
         template = section(
             &template,
             "ads",
@@ -245,6 +281,7 @@ mod tests {
             serving: None,
             sds_dir: None,
             peer: None,
+            fallback: None,
         }
         .render()
         .expect("renders");
@@ -296,6 +333,7 @@ mod tests {
                 serving: None,
                 sds_dir: None,
                 peer: None,
+                fallback: None,
             }
             .render()
         };
@@ -330,6 +368,7 @@ mod tests {
                 serving: None,
                 sds_dir: None,
                 peer: None,
+                fallback: None,
             }
             .render();
             assert!(r.is_err(), "{bad:?}");
@@ -357,6 +396,7 @@ mod tests {
                 serving: Some(serving),
                 sds_dir: sds_dir.map(Path::new),
                 peer: None,
+                fallback: None,
             }
             .render()
         };
@@ -440,6 +480,7 @@ mod tests {
                 apiserver: &apiserver,
                 allowed_sources: &["10.0.0.0/24".parse().expect("cidr")],
             }),
+            fallback: None,
         }
         .render()
         .expect("renders");

@@ -11,6 +11,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 pub mod bootstrap;
+pub mod fallback;
 pub mod resources;
 pub mod secrets;
 
@@ -39,6 +40,8 @@ pub enum EnvoyError {
     Unsafe(&'static str),
     #[error("TLS needs a directory for the SDS files of its certificates (--sds-dir)")]
     NoSdsDir,
+    #[error("the fallback configuration: {0}")]
+    Fallback(&'static str),
     #[error("the SDS directory {0:?} is not absolute")]
     RelativeSdsDir(String),
 }

@@ -10,9 +10,14 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::envoy::bootstrap::{Bootstrap, ConfigSource, PeerPassthrough};
+use crate::envoy::fallback::FallbackInputs;
 use crate::envoy::secrets::{serving_secrets, upstream_secrets};
+use crate::envoy::UpstreamTls;
 use crate::fetch::{ClientTemplate, DiscoveryMetrics};
-use crate::flags::{parse_local_url, sds_dir, ListenerFlags, LocalChannelFlags, Scheme};
+use crate::flags::{
+    absolute, parse_control_plane_wait, parse_local_url, sds_dir, ListenerFlags,
+    LocalChannelFlags, Scheme, UpstreamTlsFlags,
+};
 use crate::health::{self, Health};
 use crate::local_channels::{self, LocalChannel};
 use crate::peers::{self, PeerMetrics, PeerWatcher};
@@ -264,9 +269,22 @@ pub struct BootstrapArgs {
     /// This Envoy's node id, for the control plane's logs.
     #[arg(long, default_value = "skewgate")]
     pub node_id: String,
-    /// Where the apiserver this Envoy fronts listens (as for `run`), for the peer port.
-    #[arg(long, value_name = "URL", requires = "peer_listen")]
+    /// Where the apiserver this Envoy fronts listens (as for `run`): for the peer port and the
+    /// fallback's clusters.
+    #[arg(long, value_name = "URL")]
     pub local_apiserver_url: Option<String>,
+    /// How long Envoy waits at start for the control plane's configuration before it serves
+    /// local-only routing (every request to the local apiserver, as without skewgate) until
+    /// the control plane's first configuration replaces it. 0: wait for as long as it takes,
+    /// the ports closed meanwhile. Needs --wasm, --local-apiserver-url and the upstream TLS
+    /// flags (as for `run`).
+    #[arg(long, default_value = "30s", value_parser = parse_control_plane_wait, value_name = "DURATION")]
+    pub control_plane_wait: Duration,
+    /// skewgate_filter.wasm as Envoy sees it (absolute; `run --wasm`), for the fallback.
+    #[arg(long, value_name = "PATH")]
+    pub wasm: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub upstream: UpstreamTlsFlags,
     /// A directory Envoy can read (absolute; needed with TLS) where the SDS files of the
     /// serving certificate and the client CA are written: Envoy reads the certificates
     /// through them and follows renewals without a restart. `run --sds-dir` may name the same
@@ -275,25 +293,73 @@ pub struct BootstrapArgs {
     pub sds_dir: Option<std::path::PathBuf>,
 }
 
+/// The fallback's inputs from the flags: `None` with `--control-plane-wait=0`.
+struct FallbackFlags {
+    wait: Duration,
+    wasm: std::path::PathBuf,
+    upstream: Option<UpstreamTls>,
+}
+
+fn fallback_flags(args: &BootstrapArgs) -> Result<Option<(FallbackFlags, Scheme)>> {
+    if args.control_plane_wait.is_zero() {
+        return Ok(None);
+    }
+    let (Some(wasm), Some(_)) = (&args.wasm, &args.local_apiserver_url) else {
+        bail!(
+            "--control-plane-wait (default 30s) needs --wasm and --local-apiserver-url: when the \
+             control plane has not configured Envoy in time, Envoy serves local-only routing to \
+             the local apiserver (--control-plane-wait=0 waits forever instead)"
+        );
+    };
+    absolute("--wasm", wasm)?;
+    let (scheme, upstream) = args.upstream.resolve()?;
+    Ok(Some((
+        FallbackFlags {
+            wait: args.control_plane_wait,
+            wasm: wasm.clone(),
+            upstream,
+        },
+        scheme,
+    )))
+}
+
 /// Render the bootstrap for these flags.
 pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
     let listener = &args.listener;
     let channels = args.channels.resolve()?;
     let serving = listener.serving_tls()?;
-    let sds_dir = sds_dir(args.sds_dir.as_deref(), serving.is_some())?;
-    let peer = match (listener.peer_listen()?, &args.local_apiserver_url) {
-        (Some(peer_listen), Some(url)) => {
-            let scheme = if url.starts_with("http://") {
-                Scheme::Http
-            } else {
-                Scheme::Https
+    let fallback = fallback_flags(args)?;
+    let upstream_tls = fallback.as_ref().is_some_and(|(f, _)| f.upstream.is_some());
+    let sds_dir = sds_dir(args.sds_dir.as_deref(), serving.is_some() || upstream_tls)?;
+    let local = match &args.local_apiserver_url {
+        Some(url) => {
+            // The fallback's clusters speak what the upstream flags say; the peer port passes
+            // bytes through whatever they are.
+            let scheme = match &fallback {
+                Some((_, scheme)) => *scheme,
+                None if url.starts_with("http://") => Scheme::Http,
+                None => Scheme::Https,
             };
-            Some((peer_listen, parse_local_url(url, scheme)?.address))
+            Some(parse_local_url(url, scheme)?.address)
         }
+        None => None,
+    };
+    let peer = match (listener.peer_listen()?, &local) {
+        (Some(peer_listen), Some(local)) => Some((peer_listen, local)),
         (Some(_), None) => {
             bail!("--peer-listen needs --local-apiserver-url (where the peer port leads)")
         }
         (None, _) => None,
+    };
+    let fallback = match (&fallback, &local) {
+        (Some((flags, _)), Some(local)) => Some(FallbackInputs {
+            wait: flags.wait,
+            wasm_path: &flags.wasm,
+            local,
+            upstream_sds: flags.upstream.as_ref().and(sds_dir.as_deref()),
+            local_apiserver: &args.node_id,
+        }),
+        _ => None,
     };
     Ok(Bootstrap {
         listen: &listener.listen,
@@ -305,26 +371,44 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
         request_timeout: listener.request_timeout,
         serving: serving.as_ref(),
         sds_dir: sds_dir.as_deref(),
-        peer: peer.as_ref().map(|(listen, apiserver)| PeerPassthrough {
+        peer: peer.map(|(listen, apiserver)| PeerPassthrough {
             listen,
             apiserver,
             allowed_sources: &listener.peer_cidrs.peer_cidrs,
         }),
+        fallback,
     }
     .render()?)
 }
 
-/// The listener's secrets and where their SDS files go (`None` without TLS).
+/// The SDS files `bootstrap` writes and where (`None` without TLS): the listener's serving
+/// certificate and client CA, and with the fallback's TLS clusters the peer CA and the
+/// proxy-client certificate (the same files `run --sds-dir` writes: the fallback must not
+/// depend on the control plane having run).
 pub fn bootstrap_secrets(
     args: &BootstrapArgs,
 ) -> Result<Option<(std::path::PathBuf, Vec<Secret>)>> {
-    let Some(serving) = args.listener.serving_tls()? else {
+    let mut secrets = Vec::new();
+    if let Some(serving) = args.listener.serving_tls()? {
+        secrets.extend(serving_secrets(&serving)?);
+    }
+    if let Some((
+        FallbackFlags {
+            upstream: Some(upstream),
+            ..
+        },
+        _,
+    )) = fallback_flags(args)?
+    {
+        secrets.extend(upstream_secrets(&upstream)?);
+    }
+    if secrets.is_empty() {
         return Ok(None);
-    };
+    }
     let Some(dir) = sds_dir(args.sds_dir.as_deref(), true)? else {
         bail!("TLS needs --sds-dir");
     };
-    Ok(Some((dir, serving_secrets(&serving)?)))
+    Ok(Some((dir, secrets)))
 }
 
 /// `skewgate-control bootstrap`: create (or check) the socket directory Envoy binds its admin
@@ -350,6 +434,7 @@ pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use skewgate_core::config::{UpstreamAuth, FALLBACK_LOCAL_CLUSTER};
 
     #[derive(Parser)]
     struct Cli {
@@ -411,6 +496,7 @@ mod tests {
         let Ok(Command::Bootstrap(args)) = parse(&[
             "bootstrap",
             "--insecure-tcp-local-channels",
+            "--control-plane-wait=0",
             "--xds-address=127.0.0.1:18000",
         ]) else {
             panic!("parses");
@@ -421,6 +507,7 @@ mod tests {
         );
         let Ok(Command::Bootstrap(args)) = parse(&[
             "bootstrap",
+            "--control-plane-wait=0",
             "--insecure-plaintext-listener",
             "--listen=127.0.0.1:16440",
             "--request-timeout=1m0s",
@@ -433,6 +520,7 @@ mod tests {
         assert!(yaml.contains(r#"{"pipe":{"path":"/run/skewgate/xds.sock"}}"#));
         let tls = [
             "bootstrap",
+            "--control-plane-wait=0",
             "--tls-cert-file=/pki/apiserver.crt",
             "--tls-private-key-file=/pki/apiserver.key",
             "--client-ca-file=/pki/ca.crt",
@@ -461,6 +549,7 @@ mod tests {
         // The xDS port carries no authentication: loopback only (refused by the parser).
         assert!(parse(&[
             "bootstrap",
+            "--control-plane-wait=0",
             "--insecure-plaintext-listener",
             "--insecure-tcp-local-channels",
             "--xds-address=10.0.0.1:18000",
@@ -469,6 +558,7 @@ mod tests {
         // The peer port, passed through to the apiserver.
         let Ok(Command::Bootstrap(args)) = parse(&[
             "bootstrap",
+            "--control-plane-wait=0",
             "--insecure-plaintext-listener",
             "--listen=10.0.0.11:6443",
             "--peer-listen=10.0.0.11:6444",
@@ -481,6 +571,7 @@ mod tests {
         assert!(yaml.contains("port_value: 6444") && yaml.contains("skewgate-local-passthrough"));
         let Ok(Command::Bootstrap(args)) = parse(&[
             "bootstrap",
+            "--control-plane-wait=0",
             "--insecure-plaintext-listener",
             "--peer-listen=10.0.0.11:6444",
             "--peer-cidr=10.0.0.0/24",
@@ -494,10 +585,97 @@ mod tests {
         // Both ways to serve at once is a contradiction.
         assert!(parse(&[
             "bootstrap",
+            "--control-plane-wait=0",
             "--insecure-plaintext-listener",
             "--tls-cert-file=/a",
             "--tls-private-key-file=/b",
         ])
         .is_err());
+    }
+
+    #[test]
+    fn bootstrap_falls_back_to_local_only_after_the_wait() {
+        let base = [
+            "bootstrap",
+            "--insecure-plaintext-listener",
+            "--node-id=cp-1",
+            "--local-apiserver-url=https://127.0.0.1:6443",
+            "--wasm=/usr/lib/skewgate/skewgate_filter.wasm",
+            "--peer-ca-file=/pki/ca.crt",
+            "--proxy-client-cert-file=/pki/front-proxy-client.crt",
+            "--proxy-client-key-file=/pki/front-proxy-client.key",
+            "--sds-dir=/var/lib/skewgate/sds",
+        ];
+        let Ok(Command::Bootstrap(args)) = parse(&base) else {
+            panic!("parses");
+        };
+        assert_eq!(args.control_plane_wait, Duration::from_secs(30));
+        let yaml = render_bootstrap(&args).expect("renders");
+        // The one bound, split between CDS and ECDS (they expire one after the other).
+        assert_eq!(
+            yaml.matches("initial_fetch_timeout: 15s").count(),
+            2,
+            "{yaml}"
+        );
+        assert!(yaml.contains("default_config: {"));
+        assert!(
+            yaml.contains(r#"\"fallback\":{\"mode\":\"local-only\""#),
+            "{yaml}"
+        );
+        for auth in UpstreamAuth::ALL {
+            let name = auth.cluster(FALLBACK_LOCAL_CLUSTER);
+            assert!(
+                yaml.contains(&format!(r#"- {{"circuit_breakers""#)),
+                "{yaml}"
+            );
+            assert!(yaml.contains(&format!(r#""name":"{name}""#)), "{name}");
+        }
+        assert!(yaml.contains("/var/lib/skewgate/sds/skewgate-peer-ca.pb"));
+        // It writes the upstream SDS files itself: Envoy may start before `run` ever did.
+        let (_, secrets) = bootstrap_secrets(&args).expect("secrets").expect("TLS");
+        let names: Vec<&str> = secrets.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["skewgate-peer-ca", "skewgate-proxy-client"]);
+
+        // Plaintext upstreams only when asked for, and then the URL must say http://.
+        let plain = [
+            "bootstrap",
+            "--insecure-plaintext-listener",
+            "--local-apiserver-url=http://127.0.0.1:6443",
+            "--wasm=/x.wasm",
+            "--insecure-plaintext-upstreams",
+            "--control-plane-wait=2s",
+        ];
+        let Ok(Command::Bootstrap(args)) = parse(&plain) else {
+            panic!("parses");
+        };
+        let yaml = render_bootstrap(&args).expect("renders");
+        assert_eq!(yaml.matches("initial_fetch_timeout: 1s").count(), 2);
+        assert!(!yaml.contains("UpstreamTlsContext"));
+        assert!(bootstrap_secrets(&args).expect("secrets").is_none());
+
+        // Missing pieces are refused, not silently left without a fallback.
+        for drop in ["--wasm", "--local-apiserver-url", "--peer-ca-file"] {
+            let args: Vec<&str> = base
+                .iter()
+                .copied()
+                .filter(|a| !a.starts_with(drop))
+                .collect();
+            let Ok(Command::Bootstrap(args)) = parse(&args) else {
+                panic!("parses");
+            };
+            assert!(render_bootstrap(&args).is_err(), "without {drop}");
+        }
+        assert!(parse(&[base.as_slice(), &["--control-plane-wait=1ms"]].concat()).is_err());
+        // 0: no fallback, both waits forever.
+        let Ok(Command::Bootstrap(args)) =
+            parse(&[base.as_slice(), &["--control-plane-wait=0"]].concat())
+        else {
+            panic!("parses");
+        };
+        let yaml = render_bootstrap(&args).expect("renders");
+        assert_eq!(yaml.matches("initial_fetch_timeout: 0s").count(), 2);
+        assert!(
+            !yaml.contains("default_config: {") && !yaml.contains(r#""name":"skewgate-fallback"#)
+        );
     }
 }

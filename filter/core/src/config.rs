@@ -48,7 +48,46 @@ pub struct FilterConfig {
     /// (that peer may serve it), never passed to the local apiserver's 404.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_peers: Vec<String>,
+    /// Set only in the configuration Envoy's bootstrap holds as the ECDS `default_config`: what
+    /// the filter runs when the control plane did not configure it within the bootstrap's
+    /// wait (`skewgate-control bootstrap --control-plane-wait`). The first configuration from
+    /// the control plane replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<Fallback>,
 }
+
+/// A configuration Envoy runs without its control plane (docs/ARCHITECTURE.md, "Control plane
+/// missing at start").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fallback {
+    pub mode: FallbackMode,
+    /// The base name (before the [`UpstreamAuth`] suffix) of the static clusters of the local
+    /// apiserver in the bootstrap: local requests go there instead of [`LOCAL_CLUSTER`], which
+    /// only the control plane creates (CDS).
+    pub local_cluster: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FallbackMode {
+    /// Every request goes to the local apiserver and discovery is its own: what the apiserver
+    /// would do without skewgate, with the header hygiene and identity kept.
+    LocalOnly,
+}
+
+impl FallbackMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FallbackMode::LocalOnly => "local-only",
+        }
+    }
+}
+
+/// The base name of the local apiserver's static clusters in the bootstrap, for
+/// [`Fallback::local_cluster`]. Distinct from [`LOCAL_CLUSTER`]: CDS does not replace a static
+/// cluster of the same name.
+pub const FALLBACK_LOCAL_CLUSTER: &str = "skewgate-fallback-local";
 
 /// The merged discovery documents the filter serves (see [`crate::discovery`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -226,6 +265,14 @@ impl FilterConfig {
         if self.schema != SCHEMA_VERSION {
             return Err(ConfigError::Schema { found: self.schema });
         }
+        if let Some(fallback) = &self.fallback {
+            if !valid_cluster_name(&fallback.local_cluster) {
+                return Err(ConfigError::Invalid(format!(
+                    "fallback local cluster name {:?} must be 1-{MAX_CLUSTER_NAME} visible ASCII characters",
+                    fallback.local_cluster
+                )));
+            }
+        }
         for (name, peers) in &self.peer_clusters {
             if !valid_cluster_name(name) {
                 return Err(ConfigError::Invalid(format!(
@@ -380,6 +427,7 @@ mod tests {
 
     fn sample() -> FilterConfig {
         FilterConfig {
+            fallback: None,
             pending_peers: Vec::new(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),

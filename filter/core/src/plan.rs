@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use crate::config::{FilterConfig, UpstreamAuth, LOCAL_CLUSTER};
+use crate::config::{FallbackMode, FilterConfig, UpstreamAuth, LOCAL_CLUSTER};
 use crate::discovery::{DiscoveryChoice, DiscoveryHeaders, MergedDiscovery, PassReason};
 use crate::group_version::GroupVersion;
 use crate::hygiene::{self, PEER_PROXIED, REQUEST_CLASS, SHORT_REQUEST, UPSTREAM_CLUSTER};
@@ -30,6 +30,11 @@ pub struct CompiledConfig {
     pub table: RoutingTable,
     /// `None` when the control plane sent no merged discovery: discovery goes to local.
     pub discovery: Option<MergedDiscovery>,
+    /// The base name of the local apiserver's clusters: [`LOCAL_CLUSTER`] (from the control
+    /// plane, CDS), or the bootstrap's static ones in a fallback configuration.
+    pub local_cluster: String,
+    /// Set when this is the bootstrap's fallback configuration.
+    pub fallback: Option<FallbackMode>,
 }
 
 impl CompiledConfig {
@@ -37,6 +42,12 @@ impl CompiledConfig {
         CompiledConfig {
             table: RoutingTable::compile(config),
             discovery: config.discovery.as_ref().map(MergedDiscovery::compile),
+            local_cluster: config
+                .fallback
+                .as_ref()
+                .map_or(LOCAL_CLUSTER, |f| f.local_cluster.as_str())
+                .to_string(),
+            fallback: config.fallback.as_ref().map(|f| f.mode),
         }
     }
 }
@@ -350,7 +361,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
                 path,
                 strip,
                 auth,
-                cluster: upstream_auth.cluster(LOCAL_CLUSTER),
+                cluster: upstream_auth.cluster(&compiled.local_cluster),
                 class: RequestClass::Short,
                 route: Route::MergedDiscovery,
                 counters,
@@ -371,7 +382,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
     let (base, by) = match decision.upstream {
         Upstream::Local => {
             let by = (decision.reason == Reason::ServedLocally).then_some(ServedBy::Local);
-            (LOCAL_CLUSTER, by)
+            (compiled.local_cluster.as_str(), by)
         }
         Upstream::Peer { cluster } => {
             counters.push(Counter::Rerouted);
@@ -752,6 +763,7 @@ mod tests {
             resources,
         };
         CompiledConfig::compile(&FilterConfig {
+            fallback: None,
             pending_peers: Vec::new(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
@@ -1127,6 +1139,7 @@ mod tests {
             resources,
         };
         let config = FilterConfig {
+            fallback: None,
             pending_peers: pending.iter().map(|p| p.to_string()).collect(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
@@ -1478,5 +1491,52 @@ mod tests {
             assert_eq!(status_code(raw), code, "{raw:?}");
         }
         assert_eq!(LocalReply::host_failure().code, 503);
+    }
+
+    /// The bootstrap's local-only fallback: no table, no merged discovery, and local requests go
+    /// to the static clusters it names, in the variant of each request's authentication.
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn a_local_only_fallback_sends_everything_to_its_static_local_clusters() {
+        use crate::config::{Fallback, FALLBACK_LOCAL_CLUSTER};
+        let config = FilterConfig {
+            schema: SCHEMA_VERSION,
+            local_apiserver: "apiserver-a".into(),
+            peer_clusters: BTreeMap::new(),
+            group_versions: Vec::new(),
+            discovery: None,
+            pending_peers: Vec::new(),
+            fallback: Some(Fallback {
+                mode: FallbackMode::LocalOnly,
+                local_cluster: FALLBACK_LOCAL_CLUSTER.into(),
+            }),
+        };
+        let c =
+            CompiledConfig::compile(&FilterConfig::from_json(config.to_json().as_bytes()).unwrap());
+        assert_eq!(c.fallback, Some(FallbackMode::LocalOnly));
+        let token: &[(&str, &[u8])] = &[("authorization", b"Bearer t")];
+        for (path, extra, want) in [
+            (
+                "/apis/resource.k8s.io/v1beta2/resourceclaims",
+                &[][..],
+                "skewgate-fallback-local-anonymous",
+            ),
+            ("/api/v1/pods", token, "skewgate-fallback-local-token"),
+            ("/apis", token, "skewgate-fallback-local-token"),
+            ("/healthz", &[][..], "skewgate-fallback-local-anonymous"),
+        ] {
+            let h = headers("GET", path, extra);
+            let f = forward(plan_request(&h, None, &c));
+            assert_eq!(f.cluster, want, "{path}");
+            assert!(!f.counters.contains(&Counter::Rerouted), "{path}");
+        }
+        // The hygiene and identity still apply.
+        let h = headers("GET", "/api/v1/pods", &[("x-remote-user", b"admin")]);
+        let f = forward(plan_request(&h, Some(b"O=g,CN=alice"), &c));
+        assert_eq!(f.cluster, "skewgate-fallback-local-identity");
+        assert_eq!(f.strip, vec!["x-remote-user"]);
+        // A fallback naming an impossible cluster is refused whole.
+        let bad = config.to_json().replace(FALLBACK_LOCAL_CLUSTER, "a b");
+        assert!(FilterConfig::from_json(bad.as_bytes()).is_err());
     }
 }

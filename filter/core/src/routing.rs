@@ -262,6 +262,7 @@ mod tests {
     /// A 1.30 local apiserver with a 1.33 peer (cluster "p133") and a second peer set.
     fn table() -> RoutingTable {
         let config = FilterConfig {
+            fallback: None,
             pending_peers: Vec::new(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
@@ -516,6 +517,7 @@ mod tests {
     /// their discovery is not known yet.
     fn failsafe_table(pending: &[&str]) -> RoutingTable {
         let config = FilterConfig {
+            fallback: None,
             pending_peers: pending.iter().map(|p| p.to_string()).collect(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),

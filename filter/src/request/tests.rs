@@ -61,6 +61,7 @@ fn compiled_with(pending: &[&str]) -> Rc<CompiledConfig> {
         resources,
     };
     let config = FilterConfig {
+        fallback: None,
         pending_peers: pending.iter().map(|p| p.to_string()).collect(),
         schema: SCHEMA_VERSION,
         local_apiserver: "apiserver-a".into(),
