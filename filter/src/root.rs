@@ -49,11 +49,12 @@ impl RootContext for Root {
                     config.peer_clusters.len(),
                     if compiled.discovery.is_some() { "on" } else { "off" },
                 );
-                // Once per configuration and VM, like the line above: the control plane did
-                // not configure this Envoy within the bootstrap's wait.
+                // Once per configuration and VM, like the line above. Envoy loads the
+                // bootstrap's fallback at start (to check it) and again on every worker when
+                // the control plane did not configure it within the wait.
                 if let Some(mode) = compiled.fallback {
                     log::warn!(
-                        "skewgate: FALLBACK configuration ({}): the control plane has not configured this Envoy; requests go to the local apiserver only, discovery is its own, until the control plane's first configuration replaces this one",
+                        "skewgate: FALLBACK configuration ({}) loaded: used while the control plane has not configured this Envoy; requests go to the local apiserver only and discovery is its own until the control plane's first configuration replaces it",
                         mode.as_str()
                     );
                 }

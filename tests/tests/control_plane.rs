@@ -302,6 +302,17 @@ async fn live_envoy(
     pki: Option<&TestPki>,
     peer_port: Option<(u16, &SimApiserver)>,
 ) -> Result<Envoy> {
+    // Without the fallback: these scenarios see the ports closed until the first sync.
+    live_envoy_with(control, pki, peer_port, &["--control-plane-wait=0".into()]).await
+}
+
+/// [`live_envoy`] with more `bootstrap` flags.
+async fn live_envoy_with(
+    control: &Control,
+    pki: Option<&TestPki>,
+    peer_port: Option<(u16, &SimApiserver)>,
+    extra: &[String],
+) -> Result<Envoy> {
     let port = free_port()?;
     let mut listener_args: Vec<String> = match pki {
         Some(pki) => vec![
@@ -323,6 +334,7 @@ async fn live_envoy(
         .arg(format!("--listen=127.0.0.1:{port}"))
         .arg(format!("--socket-dir={}", control.socket_dir.display()))
         .arg("--node-id=envoy-apiserver-a")
+        .args(extra)
         .output()
         .await?;
     if !out.status.success() {
@@ -1309,6 +1321,197 @@ async fn get_echo(
         })
         .collect();
     Ok((resp.status().as_u16(), echo))
+}
+
+/// A cluster of Envoy's `/config_dump`, as Envoy itself renders it, without what names it: the
+/// static fallback clusters and the control plane's (CDS) are compared with it.
+async fn cluster_dump(envoy: &Envoy, name: &str) -> Result<serde_json::Value> {
+    let dump: serde_json::Value =
+        serde_json::from_str(&envoy.admin("/config_dump?resource=static_clusters").await?)?;
+    let dynamic: serde_json::Value = serde_json::from_str(
+        &envoy
+            .admin("/config_dump?resource=dynamic_active_clusters")
+            .await?,
+    )?;
+    let empty = Vec::new();
+    let mut cluster = [dump, dynamic]
+        .iter()
+        .flat_map(|d| d["configs"].as_array().unwrap_or(&empty).clone())
+        .map(|c| c["cluster"].clone())
+        .find(|c| c["name"] == name)
+        .with_context(|| format!("no cluster {name} in Envoy's config dump"))?;
+    for field in ["name", "@type"] {
+        cluster.as_object_mut().map(|o| o.remove(field));
+    }
+    cluster["load_assignment"]
+        .as_object_mut()
+        .map(|o| o.remove("cluster_name"));
+    Ok(cluster)
+}
+
+/// Issue 10, item 2: an Envoy (re)started while its control plane is down serves after the
+/// bounded wait, local-only (what the apiserver alone would answer), says so in its log and
+/// stats, and takes the live configuration when the control plane comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_serves_local_only_without_its_control_plane_then_the_live_configuration(
+) -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let pki = TestPki::generate()?;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a =
+        SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd).with_pki(&pki)).await?;
+    let b =
+        SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd).with_pki(&pki)).await?;
+    let mut control = Control::secure(&a, dir.path(), &pki)?;
+    // The control plane is not started. Envoy's bootstrap alone writes the SDS files its
+    // fallback clusters need (in its own --sds-dir, which `run` never writes to).
+    let mut envoy = live_envoy_with(
+        &control,
+        Some(&pki),
+        None,
+        &[
+            "--control-plane-wait=2s".into(),
+            format!("--wasm={}", wasm_path()?.display()),
+            format!("--local-apiserver-url={}", a.url()),
+            format!("--peer-ca-file={}", pki.cluster_ca.cert_file.display()),
+            format!(
+                "--proxy-client-cert-file={}",
+                pki.front_proxy_client.cert_file.display()
+            ),
+            format!(
+                "--proxy-client-key-file={}",
+                pki.front_proxy_client.key_file.display()
+            ),
+        ],
+    )
+    .await?;
+    envoy.wait_ready().await.context("Envoy opened no port")?;
+    let alice = pki.client_cert("alice", &Subject::new().o("system:masters").cn("alice"))?;
+    let with_cert = pki.client(Some(&alice))?;
+    let plain = pki.client(None)?;
+    let (_, took) = eventually(
+        "served without a control plane",
+        Duration::from_secs(30),
+        || async {
+            Ok(matches!(
+                get_echo(&plain, &envoy, DEPLOYMENTS, None).await,
+                Ok((200, _))
+            )
+            .then_some(()))
+        },
+    )
+    .await
+    .with_context(|| envoy.log())?;
+    eprintln!("fallback: served {took:?} after Envoy's admin interface was up (wait: 2 s)");
+    // Both of Envoy's waits expired (CDS, then the filter configuration) and the filter runs
+    // its fallback, logged and counted.
+    assert_eq!(
+        envoy.stat("cluster_manager.cds.init_fetch_timeout").await?,
+        1
+    );
+    assert_eq!(
+        envoy
+            .stat("extension_config_discovery.http_filter.skewgate.init_fetch_timeout")
+            .await?,
+        1
+    );
+    assert_eq!(
+        envoy
+            .stat("wasmcustom.skewgate_fallback_configuration")
+            .await?,
+        1
+    );
+    // Envoy writes its log file every few seconds.
+    eventually("the fallback logged", Duration::from_secs(30), || async {
+        Ok(envoy
+            .log()
+            .contains("FALLBACK configuration (local-only)")
+            .then_some(()))
+    })
+    .await?;
+
+    // Local-only: each kind of client reaches the local apiserver over verified TLS, in its own
+    // cluster variant, authenticated as it would be without skewgate; what only the 1.33 peer
+    // serves gets the local apiserver's own 404 (no claim of knowing what peers serve).
+    let bob = TEST_TOKENS[0];
+    for (what, client, token, authenticator) in [
+        ("certificate", &with_cert, None, "requestheader"),
+        ("token", &plain, Some(bob.token), "token"),
+        ("anonymous", &plain, None, "anonymous"),
+    ] {
+        let (status, echo) = get_echo(client, &envoy, DEPLOYMENTS, token).await?;
+        let got = |k: &str| echo.get(k).map(String::as_str).unwrap_or_default();
+        assert_eq!(status, 200, "{what}: {echo:?}");
+        assert_eq!(got("x-sim-apiserver"), "apiserver-a", "{what}");
+        assert_eq!(
+            got("x-sim-authenticator"),
+            authenticator,
+            "{what}: {echo:?}"
+        );
+        let (status, echo) = get_echo(client, &envoy, CLAIMS, token).await?;
+        assert_eq!(
+            (status, echo.get("x-sim-apiserver").map(String::as_str)),
+            (404, Some("apiserver-a")),
+            "{what}: a peer-only resource is the local apiserver's to answer"
+        );
+    }
+    // Discovery is the local apiserver's own: no v1beta2 of the 1.33 peer.
+    let resp = with_cert
+        .get(url(&envoy, "/apis"))
+        .header("accept", AGGREGATED)
+        .send()
+        .await?;
+    assert_eq!(header(&resp, "x-sim-apiserver"), "apiserver-a");
+    let body = resp.text().await?;
+    assert!(!versions_of(&body, "resource.k8s.io").contains(&"v1beta2".to_string()));
+    assert_eq!(
+        envoy
+            .stat("wasmcustom.apiserver_rerouted_request_total")
+            .await?,
+        0
+    );
+
+    // The control plane comes: its configuration replaces the fallback.
+    control.start().await?;
+    let (_, took) = eventually("routed to b", Duration::from_secs(30), || async {
+        let (status, echo) = get_echo(&with_cert, &envoy, CLAIMS, None).await?;
+        Ok((status == 200
+            && echo.get("x-sim-apiserver").map(String::as_str) == Some("apiserver-b"))
+        .then_some(()))
+    })
+    .await
+    .with_context(|| format!("{}\n{}", control.log(), envoy.log()))?;
+    assert_eq!(
+        envoy
+            .stat("wasmcustom.skewgate_fallback_configuration")
+            .await?,
+        0
+    );
+    let body = with_cert
+        .get(url(&envoy, "/apis"))
+        .header("accept", AGGREGATED)
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(versions_of(&body, "resource.k8s.io").contains(&"v1beta2".to_string()));
+    eprintln!("fallback: live configuration {took:?} after the control plane started");
+
+    // The fallback clusters are the control plane's local clusters under other names: two
+    // renderers (bootstrap JSON, CDS protobuf) compared as Envoy holds them.
+    for auth in ["identity", "token", "anonymous"] {
+        let fallback = cluster_dump(&envoy, &format!("skewgate-fallback-local-{auth}")).await?;
+        let live = cluster_dump(&envoy, &format!("skewgate-local-{auth}")).await?;
+        // Each names the SDS files in its own directory (bootstrap's and run's --sds-dir).
+        let fallback = fallback.to_string().replace(
+            &pki.dir.path().join("envoy-sds").display().to_string(),
+            &dir.path().join("sds").display().to_string(),
+        );
+        assert_eq!(fallback, live.to_string(), "{auth}");
+    }
+    drop(b);
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
