@@ -624,10 +624,6 @@ mod tests {
         );
         for auth in UpstreamAuth::ALL {
             let name = auth.cluster(FALLBACK_LOCAL_CLUSTER);
-            assert!(
-                yaml.contains(&format!(r#"- {{"circuit_breakers""#)),
-                "{yaml}"
-            );
             assert!(yaml.contains(&format!(r#""name":"{name}""#)), "{name}");
         }
         assert!(yaml.contains("/var/lib/skewgate/sds/skewgate-peer-ca.pb"));
