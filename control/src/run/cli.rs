@@ -412,7 +412,8 @@ pub fn bootstrap_secrets(
 }
 
 /// `skewgate-control bootstrap`: create (or check) the socket directory Envoy binds its admin
-/// socket in, write the listener's SDS files, print the bootstrap.
+/// socket in, write the SDS files (the listener's, and the fallback clusters'), print the
+/// bootstrap.
 pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
     let yaml = render_bootstrap(&args)?;
     args.channels.resolve()?.prepare().context("--socket-dir")?;
