@@ -506,4 +506,58 @@ mod tests {
         assert_eq!(section(t, "x", false), "a\nc\n");
         assert_eq!(section(t, "y", false), t);
     }
+
+    #[test]
+    fn the_fallback_is_rendered_only_with_a_control_plane_to_wait_for() {
+        let listen = Address::parse_listen("127.0.0.1:0").expect("listen");
+        let admin = LocalChannel::Unix("/run/skewgate/envoy-admin.sock".into());
+        let xds = LocalChannel::Unix("/run/skewgate/xds.sock".into());
+        let local = Address::parse("127.0.0.1:6443").expect("local");
+        let fallback = |wait| FallbackInputs {
+            wait,
+            wasm_path: Path::new("/opt/skewgate.wasm"),
+            local: &local,
+            upstream_sds: None,
+            local_apiserver: "cp-1",
+        };
+        let render = |config_source, fallback| {
+            Bootstrap {
+                listen: &listen,
+                admin: &admin,
+                config_source,
+                node_id: "cp-1",
+                request_timeout: Duration::from_secs(60),
+                serving: None,
+                sds_dir: None,
+                peer: None,
+                fallback,
+            }
+            .render()
+        };
+        let ads = ConfigSource::Ads { xds: &xds };
+        let yaml = render(ads, Some(fallback(Duration::from_secs(3)))).expect("renders");
+        assert!(!yaml.replace("{{...}}", "").contains("{{"), "{yaml}");
+        assert_eq!(
+            yaml.matches("initial_fetch_timeout: 1.500000000s").count(),
+            2
+        );
+        assert_eq!(
+            yaml.matches(r#""name":"skewgate-fallback-local-"#).count(),
+            3,
+            "{yaml}"
+        );
+        assert_eq!(yaml.matches("\n              default_config: {").count(), 1);
+        // No control plane to wait for, or a wait Envoy would read as "forever": refused.
+        let files = ConfigSource::Files {
+            dir: Path::new("/var/lib/skewgate"),
+        };
+        assert!(matches!(
+            render(files, Some(fallback(Duration::from_secs(3)))),
+            Err(EnvoyError::Fallback(_))
+        ));
+        assert!(matches!(
+            render(ads, Some(fallback(Duration::from_millis(1)))),
+            Err(EnvoyError::Fallback(_))
+        ));
+    }
 }

@@ -15,8 +15,8 @@ use crate::envoy::secrets::{serving_secrets, upstream_secrets};
 use crate::envoy::UpstreamTls;
 use crate::fetch::{ClientTemplate, DiscoveryMetrics};
 use crate::flags::{
-    absolute, parse_control_plane_wait, parse_local_url, sds_dir, ListenerFlags,
-    LocalChannelFlags, Scheme, UpstreamTlsFlags,
+    absolute, parse_control_plane_wait, parse_local_url, sds_dir, ListenerFlags, LocalChannelFlags,
+    Scheme, UpstreamTlsFlags,
 };
 use crate::health::{self, Health};
 use crate::local_channels::{self, LocalChannel};
