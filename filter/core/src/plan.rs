@@ -389,7 +389,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
             (cluster, Some(ServedBy::Peer))
         }
         Upstream::Unavailable => {
-            return unavailable(method, path, info, decision.reason, &compiled.table);
+            return unavailable(method, path, info, decision.reason);
         }
     };
     let served = by.zip(info).map(|(by, info)| Served::new(by, info));
@@ -415,7 +415,6 @@ fn unavailable<'a>(
     path: Cow<'a, str>,
     info: Option<RequestInfo>,
     reason: Reason,
-    table: &RoutingTable,
 ) -> RequestPlan<'a> {
     // Only resource requests are sent nowhere, so `info` is there; the path says it otherwise.
     let target = info.map_or_else(|| path.to_string(), |info| Target::of(info).to_string());
@@ -423,10 +422,12 @@ fn unavailable<'a>(
         Reason::PeerDiscoveryPending => (
             Unavailable::PeerDiscoveryPending,
             Counter::PeerDiscoveryPending,
+            // No peer names: this answer comes before any authentication (the apiserver
+            // authenticates, the filter cannot), so an anonymous client must not learn the
+            // cluster's apiserver identities from it. Operators see them on /debug/skew.
             format!(
-                "no known apiserver serves {target}, and the discovery of peer apiserver(s) {} \
-                 is not known yet (retry)",
-                table.pending_peers().join(", ")
+                "no known apiserver serves {target}, and the discovery of a peer apiserver is \
+                 not known yet (retry)"
             ),
         ),
         _ => (
@@ -1186,8 +1187,8 @@ mod tests {
         const RETAINED: &str = "no live apiserver serves resource.k8s.io/v1beta3, Resource=resourceclaims now; the apiserver that served it is gone or restarting (retry)";
         const RESIZE_RETAINED: &str = "no live apiserver serves v1, Resource=pods/resize now; the apiserver that served it is gone or restarting (retry)";
         const LEGACY: &str = "no live apiserver serves resource.k8s.io/v1beta3 now; the apiserver that served it is gone or restarting (retry)";
-        const PENDING: &str = "no known apiserver serves nope.example.com/v1, Resource=things, and the discovery of peer apiserver(s) apiserver-c, apiserver-d is not known yet (retry)";
-        const PENDING_CORE: &str = "no known apiserver serves v1, Resource=widgets, and the discovery of peer apiserver(s) apiserver-c, apiserver-d is not known yet (retry)";
+        const PENDING: &str = "no known apiserver serves nope.example.com/v1, Resource=things, and the discovery of a peer apiserver is not known yet (retry)";
+        const PENDING_CORE: &str = "no known apiserver serves v1, Resource=widgets, and the discovery of a peer apiserver is not known yet (retry)";
         use Unavailable::*;
         // (method, path, with pending peers, the 503's cause and message; None: forwarded)
         type Case<'a> = (&'a str, &'a str, bool, Option<(Unavailable, &'a str)>);
@@ -1286,6 +1287,8 @@ mod tests {
                         "{name}: {}",
                         reply.body
                     );
+                    // Answered before authentication: no apiserver identity in it.
+                    assert!(!reply.body.contains("apiserver-c"), "{name}");
                 }
                 (other, want) => panic!("{name}: {other:?}, wanted {want:?}"),
             }

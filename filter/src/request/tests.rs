@@ -1043,7 +1043,7 @@ fn unavailable_requests_are_answered_503_with_retry_after() {
             &["apiserver-c"],
             PENDING,
             "no known apiserver serves resource.k8s.io/v1, Resource=resourceclaims, and the \
-             discovery of peer apiserver(s) apiserver-c is not known yet (retry)",
+             discovery of a peer apiserver is not known yet (retry)",
         ),
         (
             "a resource unknown in a known group-version, peers pending",
@@ -1051,8 +1051,8 @@ fn unavailable_requests_are_answered_503_with_retry_after() {
             "/apis/apps/v1/namespaces/d/replicasets/r",
             &["apiserver-c", "apiserver-d"],
             PENDING,
-            "no known apiserver serves apps/v1, Resource=replicasets, and the discovery of \
-             peer apiserver(s) apiserver-c, apiserver-d is not known yet (retry)",
+            "no known apiserver serves apps/v1, Resource=replicasets, and the discovery of a \
+             peer apiserver is not known yet (retry)",
         ),
     ];
     for (name, method, path, pending, counter, message) in cases {
