@@ -202,6 +202,7 @@ impl<H: Host> Request<H> {
                 let by = match by {
                     ServedBy::Local => "the local apiserver",
                     ServedBy::Peer => "a peer apiserver",
+                    ServedBy::Unknown => "the local apiserver (fallback configuration)",
                 };
                 let target = self.response.served.as_ref().map(|s| &s.target);
                 log_limited(

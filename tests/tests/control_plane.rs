@@ -1433,7 +1433,8 @@ async fn envoy_serves_local_only_without_its_control_plane_then_the_live_configu
 
     // Local-only: each kind of client reaches the local apiserver over verified TLS, in its own
     // cluster variant, authenticated as it would be without skewgate; what only the 1.33 peer
-    // serves gets the local apiserver's own 404 (no claim of knowing what peers serve).
+    // serves is not known to exist, but not known not to either: the local apiserver's
+    // `404 page not found` becomes a retryable 503, never a 404 a controller would act on.
     let bob = TEST_TOKENS[0];
     for (what, client, token, authenticator) in [
         ("certificate", &with_cert, None, "requestheader"),
@@ -1452,8 +1453,8 @@ async fn envoy_serves_local_only_without_its_control_plane_then_the_live_configu
         let (status, echo) = get_echo(client, &envoy, CLAIMS, token).await?;
         assert_eq!(
             (status, echo.get("x-sim-apiserver").map(String::as_str)),
-            (404, Some("apiserver-a")),
-            "{what}: a peer-only resource is the local apiserver's to answer"
+            (503, Some("apiserver-a")),
+            "{what}: the local apiserver's 404 for a peer-only resource is a 503 here"
         );
     }
     // Discovery is the local apiserver's own: no v1beta2 of the 1.33 peer.

@@ -95,6 +95,18 @@ pub fn not_served(target: &str) -> Rewrite {
     }
 }
 
+/// The 503 for the local apiserver's `404 page not found` while this Envoy runs its fallback
+/// configuration (no control plane yet): another apiserver may serve `target`.
+pub fn not_known(target: &str) -> Rewrite {
+    Rewrite {
+        code: 503,
+        body: status::unavailable(&format!(
+            "{target} is not served by this apiserver, and whether another one serves it is \
+             not known yet: skewgate has not configured this proxy (retry)"
+        )),
+    }
+}
+
 fn never_connected(details: &str) -> bool {
     details.contains("connection_failure") || details.contains("no_healthy_upstream")
 }

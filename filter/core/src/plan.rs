@@ -381,7 +381,14 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
     };
     let (base, by) = match decision.upstream {
         Upstream::Local => {
-            let by = (decision.reason == Reason::ServedLocally).then_some(ServedBy::Local);
+            let resource = info.as_ref().is_some_and(|i| i.is_resource_request);
+            let by = if compiled.fallback.is_some() && resource {
+                // Without the control plane's view a local `404 page not found` may be a
+                // resource only a peer serves: a retryable 503, never a 404 clients act on.
+                Some(ServedBy::Unknown)
+            } else {
+                (decision.reason == Reason::ServedLocally).then_some(ServedBy::Local)
+            };
             (compiled.local_cluster.as_str(), by)
         }
         Upstream::Peer { cluster } => {
@@ -486,6 +493,9 @@ pub enum ServedBy {
     Local,
     /// [`Reason::ServedByPeer`].
     Peer,
+    /// Sent to the local apiserver by a fallback configuration: this Envoy has had no
+    /// configuration from its control plane yet, so nobody knows whether a peer serves it.
+    Unknown,
 }
 
 /// A request routed to an apiserver the routing table says serves it.
@@ -679,7 +689,10 @@ impl ResponsePlan {
         {
             return None;
         }
-        let rewrite = local_reply::not_served(&served.target.to_string());
+        let rewrite = match served.by {
+            ServedBy::Unknown => local_reply::not_known(&served.target.to_string()),
+            ServedBy::Local | ServedBy::Peer => local_reply::not_served(&served.target.to_string()),
+        };
         Some(Replacement {
             cause: ReplaceCause::NotServed { by: served.by },
             headers: vec![
@@ -1538,6 +1551,40 @@ mod tests {
         let f = forward(plan_request(&h, Some(b"O=g,CN=alice"), &c));
         assert_eq!(f.cluster, "skewgate-fallback-local-identity");
         assert_eq!(f.strip, vec!["x-remote-user"]);
+        // Nobody knows yet whether a peer serves what the local apiserver does not: its
+        // `404 page not found` for a resource becomes a retryable 503, while an object's 404
+        // (a Status) and a non-resource 404 stay.
+        let plain = Some(&b"text/plain; charset=utf-8"[..]);
+        let json = Some(&b"application/json"[..]);
+        let via = local_reply::VIA_UPSTREAM;
+        for (path, content_type, replaced) in [
+            ("/apis/resource.k8s.io/v1beta2/resourceclaims", plain, true),
+            ("/api/v1/namespaces/d/widgets", plain, true),
+            ("/apis/apps/v1/namespaces/d/deployments/gone", json, false),
+            ("/healthz/nope", plain, false),
+        ] {
+            let h = headers("GET", path, token);
+            let f = forward(plan_request(&h, None, &c));
+            match f.response.decide(&c, 404, via, content_type) {
+                ResponseDecision::Replace(r) if replaced => {
+                    assert_eq!(
+                        r.cause,
+                        ReplaceCause::NotServed {
+                            by: ServedBy::Unknown
+                        },
+                        "{path}"
+                    );
+                    let body = String::from_utf8_lossy(r.body.bytes(&c)).into_owned();
+                    assert!(body.contains("not known yet"), "{path}: {body}");
+                    assert!(r.headers.contains(&HeaderOp::Set(
+                        "retry-after",
+                        Cow::Borrowed(status::RETRY_AFTER)
+                    )));
+                }
+                ResponseDecision::Pass if !replaced => {}
+                other => panic!("{path}: {other:?}"),
+            }
+        }
         // A fallback naming an impossible cluster is refused whole.
         let bad = config.to_json().replace(FALLBACK_LOCAL_CLUSTER, "a b");
         assert!(FilterConfig::from_json(bad.as_bytes()).is_err());
