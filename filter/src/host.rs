@@ -10,7 +10,7 @@ use std::fmt;
 use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, Bytes, MapType, Status};
+use proxy_wasm::types::{BufferType, Bytes, MapType, MetricType, Status};
 
 /// Which header map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +49,8 @@ pub trait Host {
     ) -> Result<(), Status>;
     /// Replace the first `size` bytes of the response body chunk at hand with `body`.
     fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), Status>;
+    /// Define a counter named `name` (Envoy: `wasmcustom.<name>`); its id.
+    fn define_metric(&mut self, name: &str) -> Result<u32, Status>;
     fn increment_metric(&mut self, id: u32) -> Result<(), Status>;
     /// The host's clock, as time since the Unix epoch.
     fn now(&mut self) -> Result<Duration, Status>;
@@ -96,6 +98,10 @@ impl Host for ProxyHost {
 
     fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), Status> {
         hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, body)
+    }
+
+    fn define_metric(&mut self, name: &str) -> Result<u32, Status> {
+        hostcalls::define_metric(MetricType::Counter, name)
     }
 
     fn increment_metric(&mut self, id: u32) -> Result<(), Status> {

@@ -1,21 +1,30 @@
-//! The filter's counters, named like upstream's where the meaning matches (`skewgate_` where
-//! upstream has none). Envoy lists them under `wasmcustom.` in its stats.
+//! The filter's counters as Envoy metrics: one Envoy counter per counter and label values
+//! (`skewgate_core::metrics` names them and bounds the label values by the configuration).
+//! Envoy lists them under `wasmcustom.`; its `stats_tags` turn the labels in the name into
+//! Prometheus labels.
+//!
+//! Each distinct counter is defined with the host once per configuration and its id cached,
+//! so a request costs one hash lookup and one host call per counter, never a formatted name.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
-use skewgate_core::plan::Counter;
 
-/// The metric id of each [`Counter`]; `None` where the host refused to define it.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+use skewgate_core::metrics::{Counter, MetricLabels};
+
+use crate::host::Host;
+
+/// Most distinct counters one configuration defines per worker; past it a new label set is
+/// counted under `other` ([`Counter::collapsed`]). Labels are bounded by the configuration
+/// already; this bounds the status codes too.
+const MAX_SERIES: usize = 4096;
+
+/// The metric ids of one configuration (`None` where the host refused to define one).
+#[derive(Debug, Default)]
 pub struct Metrics {
-    pub discovery_cache_hits: Option<u32>,
-    pub discovery_cache_misses: Option<u32>,
-    pub discovery_nopeer: Option<u32>,
-    pub rerouted: Option<u32>,
-    pub peer_proxy_errors: Option<u32>,
-    pub retained: Option<u32>,
-    pub peer_discovery_pending: Option<u32>,
-    pub not_served: Option<u32>,
+    ids: RefCell<HashMap<Counter, Option<u32>>>,
 }
 
 /// A gauge: 1 while the filter runs the bootstrap's fallback configuration (its control plane
@@ -33,10 +42,6 @@ pub fn set_fallback(on: bool) {
     }
 }
 
-fn counter(name: &str) -> Option<u32> {
-    define(MetricType::Counter, name)
-}
-
 fn define(kind: MetricType, name: &str) -> Option<u32> {
     match hostcalls::define_metric(kind, name) {
         Ok(id) => Some(id),
@@ -48,32 +53,38 @@ fn define(kind: MetricType, name: &str) -> Option<u32> {
 }
 
 impl Metrics {
-    /// Defines the counters with the host (root context, once per VM).
-    pub fn define() -> Self {
-        Metrics {
-            discovery_cache_hits: counter("aggregator_discovery_peer_aggregated_cache_hits_total"),
-            discovery_cache_misses: counter(
-                "aggregator_discovery_peer_aggregated_cache_misses_total",
-            ),
-            discovery_nopeer: counter("aggregator_discovery_nopeer_requests_total"),
-            rerouted: counter("apiserver_rerouted_request_total"),
-            peer_proxy_errors: counter("apiserver_peer_proxy_errors_total"),
-            retained: counter("skewgate_retained_unavailable_total"),
-            peer_discovery_pending: counter("skewgate_peer_discovery_pending_total"),
-            not_served: counter("skewgate_not_served_404_total"),
-        }
-    }
-
-    pub fn id(&self, counter: Counter) -> Option<u32> {
-        match counter {
-            Counter::DiscoveryCacheHit => self.discovery_cache_hits,
-            Counter::DiscoveryCacheMiss => self.discovery_cache_misses,
-            Counter::DiscoveryNoPeer => self.discovery_nopeer,
-            Counter::Rerouted => self.rerouted,
-            Counter::PeerProxyError => self.peer_proxy_errors,
-            Counter::Retained => self.retained,
-            Counter::PeerDiscoveryPending => self.peer_discovery_pending,
-            Counter::NotServed => self.not_served,
+    /// Increment `counter` by one. A counter that cannot be defined or incremented is not worth
+    /// failing the request for.
+    pub fn count<H: Host>(&self, host: &mut H, labels: &MetricLabels, counter: Counter) {
+        // Single-threaded VM and no re-entry: the borrow cannot fail; if it did, skip.
+        let Ok(mut ids) = self.ids.try_borrow_mut() else {
+            return;
+        };
+        let counter = if ids.len() >= MAX_SERIES && !ids.contains_key(&counter) {
+            counter.collapsed()
+        } else {
+            counter
+        };
+        let id = match ids.get(&counter) {
+            Some(id) => *id,
+            None => {
+                let name = counter.stat_name(labels);
+                let id = match host.define_metric(&name) {
+                    Ok(id) => Some(id),
+                    Err(e) => {
+                        host.log(
+                            log::Level::Warn,
+                            format_args!("skewgate: cannot define metric {name}: {e:?}"),
+                        );
+                        None
+                    }
+                };
+                ids.insert(counter, id);
+                id
+            }
+        };
+        if let Some(id) = id {
+            let _ = host.increment_metric(id);
         }
     }
 }

@@ -12,18 +12,36 @@ use std::rc::Rc;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, Status};
 use skewgate_core::log_limit::LogLimit;
+use skewgate_core::metrics::Counter;
 use skewgate_core::plan::{
-    self, CompiledConfig, Counter, HeaderOp, LocalReply, ReplaceCause, ReplacementBody,
-    RequestPlan, ResponseDecision, ResponsePlan, Route, ServedBy,
+    self, CompiledConfig, HeaderOp, LocalReply, ReplaceCause, ReplacementBody, RequestPlan,
+    ResponseDecision, ResponsePlan, Route, ServedBy,
 };
 
 use crate::host::{Headers, Host, ProxyHost};
 use crate::metrics::Metrics;
 
+/// One accepted configuration as every request of a worker VM shares it: compiled, and the
+/// ids of the counters defined for its label values (a request counts with the configuration
+/// it was planned with, so an id never names another configuration's label).
+#[derive(Debug)]
+pub struct Configured {
+    pub compiled: CompiledConfig,
+    pub metrics: Metrics,
+}
+
+impl Configured {
+    pub fn new(compiled: CompiledConfig) -> Self {
+        Configured {
+            compiled,
+            metrics: Metrics::default(),
+        }
+    }
+}
+
 /// What every request of one worker VM shares besides the configuration.
 #[derive(Debug, Default)]
 pub struct Worker {
-    pub metrics: Metrics,
     /// The info line for each reply of Envoy's we map: at most one per window.
     pub reply_log: Cell<LogLimit>,
     /// The info line for each request we answer 503 because no live apiserver is known to
@@ -35,9 +53,8 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(metrics: Metrics) -> Self {
+    pub fn new() -> Self {
         Worker {
-            metrics,
             reply_log: Cell::default(),
             unavailable_log: Cell::default(),
             not_served_log: Cell::default(),
@@ -47,7 +64,7 @@ impl Worker {
 
 pub struct Request<H> {
     host: H,
-    compiled: Rc<CompiledConfig>,
+    config: Rc<Configured>,
     worker: Rc<Worker>,
     /// What the response phase needs, from the request plan.
     response: ResponsePlan,
@@ -57,10 +74,10 @@ pub struct Request<H> {
 }
 
 impl<H: Host> Request<H> {
-    pub fn new(host: H, compiled: Rc<CompiledConfig>, worker: Rc<Worker>) -> Self {
+    pub fn new(host: H, config: Rc<Configured>, worker: Rc<Worker>) -> Self {
         Request {
             host,
-            compiled,
+            config,
             worker,
             response: ResponsePlan::default(),
             replacement: None,
@@ -90,7 +107,8 @@ impl<H: Host> Request<H> {
         let subject = self
             .host
             .property(&["connection", "subject_peer_certificate"])?;
-        let forward = match plan::plan_request(&headers, subject.as_deref(), &self.compiled) {
+        let forward = match plan::plan_request(&headers, subject.as_deref(), &self.config.compiled)
+        {
             RequestPlan::Forward(forward) => forward,
             RequestPlan::RefuseCertificate {
                 subject,
@@ -111,7 +129,7 @@ impl<H: Host> Request<H> {
                 reply,
                 counter,
             } => {
-                count(&mut self.host, &self.worker.metrics, counter);
+                count(&mut self.host, &self.config, counter);
                 log_limited(
                     &mut self.host,
                     &self.worker.unavailable_log,
@@ -140,7 +158,7 @@ impl<H: Host> Request<H> {
             );
         }
         for counter in &forward.counters {
-            count(&mut self.host, &self.worker.metrics, *counter);
+            count(&mut self.host, &self.config, *counter);
         }
         apply(&mut self.host, Headers::Request, &forward.header_ops())?;
         self.host.clear_route_cache()?;
@@ -180,15 +198,26 @@ impl<H: Host> Request<H> {
         } else {
             None
         };
-        let decision =
-            self.response
-                .decide(&self.compiled, code, &details, content_type.as_deref());
+        let decision = self.response.decide(
+            &self.config.compiled,
+            code,
+            &details,
+            content_type.as_deref(),
+        );
         let replacement = match decision {
-            ResponseDecision::Pass => return Ok(()),
+            ResponseDecision::Pass => {
+                if let Some(counter) = self.response.rerouted(code) {
+                    count(&mut self.host, &self.config, counter);
+                }
+                return Ok(());
+            }
             ResponseDecision::Replace(replacement) => replacement,
         };
+        if let Some(counter) = self.response.rerouted(replacement.status) {
+            count(&mut self.host, &self.config, counter);
+        }
         if let Some(counter) = replacement.counter {
-            count(&mut self.host, &self.worker.metrics, counter);
+            count(&mut self.host, &self.config, counter);
         }
         match replacement.cause {
             ReplaceCause::EnvoyReply { envoy_code, code } => log_limited(
@@ -233,7 +262,7 @@ impl<H: Host> Request<H> {
         let body = if self.replacement_sent {
             &[][..]
         } else {
-            replacement.bytes(&self.compiled)
+            replacement.bytes(&self.config.compiled)
         };
         if let Err(e) = self.host.replace_response_body(body_size, body) {
             self.host.log(
@@ -305,11 +334,8 @@ fn apply<H: Host>(host: &mut H, map: Headers, ops: &[HeaderOp<'_>]) -> Result<()
     Ok(())
 }
 
-fn count<H: Host>(host: &mut H, metrics: &Metrics, counter: Counter) {
-    if let Some(id) = metrics.id(counter) {
-        // A counter that cannot be incremented is not worth failing the request for.
-        let _ = host.increment_metric(id);
-    }
+fn count<H: Host>(host: &mut H, config: &Configured, counter: Counter) {
+    config.metrics.count(host, &config.compiled.labels, counter);
 }
 
 fn send_local<H: Host>(host: &mut H, reply: &LocalReply) -> Result<(), Status> {

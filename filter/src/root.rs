@@ -9,14 +9,13 @@ use skewgate_core::config::FilterConfig;
 use skewgate_core::plan::CompiledConfig;
 
 use crate::host::{self, ProxyHost};
-use crate::metrics::Metrics;
-use crate::request::{Request, Worker};
+use crate::request::{Configured, Request, Worker};
 
 #[derive(Default)]
 pub struct Root {
     /// `None` until a configuration has been accepted; Envoy does not create HTTP contexts for
     /// a plugin whose `on_configure` failed, so requests never see `None`.
-    compiled: Option<Rc<CompiledConfig>>,
+    config: Option<Rc<Configured>>,
     /// Defined with the first accepted configuration, kept across the later ones.
     worker: Option<Rc<Worker>>,
 }
@@ -59,9 +58,10 @@ impl RootContext for Root {
                     );
                 }
                 crate::metrics::set_fallback(compiled.fallback.is_some());
-                self.compiled = Some(Rc::new(compiled));
+                // The counters' ids are per configuration: its label values may differ.
+                self.config = Some(Rc::new(Configured::new(compiled)));
                 if self.worker.is_none() {
-                    self.worker = Some(Rc::new(Worker::new(Metrics::define())));
+                    self.worker = Some(Rc::new(Worker::new()));
                 }
                 true
             }
@@ -73,9 +73,9 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        let compiled = self.compiled.clone()?;
+        let config = self.config.clone()?;
         let worker = self.worker.clone()?;
-        Some(Box::new(Request::new(ProxyHost, compiled, worker)))
+        Some(Box::new(Request::new(ProxyHost, config, worker)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

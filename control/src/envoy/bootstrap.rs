@@ -266,6 +266,20 @@ mod tests {
     use super::*;
     use crate::local_channels::LocalChannels;
 
+    /// Every label the filter writes into a stat name has its tag regex, and nothing else does.
+    #[test]
+    fn tags_every_filter_label() {
+        let tags: Vec<&str> = TEMPLATE
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("- { tag_name: "))
+            .collect();
+        let want: Vec<String> = skewgate_core::metrics::LABELS
+            .iter()
+            .map(|l| format!("{l}, regex: \"(;{l}=([^;]*))\" }}"))
+            .collect();
+        assert_eq!(tags, want);
+    }
+
     #[test]
     fn renders_every_placeholder() {
         let listen = Address::parse_listen("10.0.0.11:6443").expect("listen");

@@ -22,6 +22,7 @@ pub mod hygiene;
 pub mod identity;
 pub mod local_reply;
 pub mod log_limit;
+pub mod metrics;
 pub mod negotiation;
 pub mod plan;
 pub mod request_info;

@@ -6,6 +6,7 @@
 //! produced gets a Status body, and a peer that cannot answer is always 503 ServiceUnavailable,
 //! which clients and controllers treat as retryable.
 
+use crate::metrics::PeerError;
 use crate::status;
 
 /// Envoy's `response.code_details` for a response that came from the upstream.
@@ -107,6 +108,20 @@ pub fn not_known(target: &str) -> Rewrite {
     }
 }
 
+/// Why a peer-bound request Envoy replied to itself failed (`code` and `details` as for
+/// [`rewrite`]), for `apiserver_peer_proxy_errors_total{type}`.
+pub fn peer_error(code: u16, details: &str) -> PeerError {
+    if !is_upstream_failure(code) {
+        PeerError::Rejected
+    } else if never_connected(details) {
+        PeerError::Connect
+    } else if details.contains("timeout") {
+        PeerError::Timeout
+    } else {
+        PeerError::Reset
+    }
+}
+
 fn never_connected(details: &str) -> bool {
     details.contains("connection_failure") || details.contains("no_healthy_upstream")
 }
@@ -152,6 +167,16 @@ mod tests {
             (peer, 503, "", None),
             (RoutedTo::Local, 101, "upgrade", None),
         ];
+        for (code, details, want) in [
+            (503, refused, PeerError::Connect),
+            (503, "no_healthy_upstream", PeerError::Connect),
+            (503, "upstream_reset_before_response_started{connection_failure,TLS_error:_CERTIFICATE_VERIFY_FAILED}", PeerError::Connect),
+            (502, "upstream_reset_before_response_started{connection_termination}", PeerError::Reset),
+            (504, "upstream_response_timeout", PeerError::Timeout),
+            (413, "request_payload_too_large", PeerError::Rejected),
+        ] {
+            assert_eq!(peer_error(code, details), want, "{code} {details}");
+        }
         for (routed, code, details, want) in cases {
             let got = rewrite(routed, code, details);
             assert_eq!(

@@ -20,6 +20,7 @@ use crate::group_version::GroupVersion;
 use crate::hygiene::{self, PEER_PROXIED, REQUEST_CLASS, SHORT_REQUEST, UPSTREAM_CLUSTER};
 use crate::identity::{self, ClientIdentity, IdentityError};
 use crate::local_reply::{self, RoutedTo};
+pub use crate::metrics::{Counter, GvrLabel, MetricLabels, PeerError};
 use crate::request_info::RequestInfo;
 use crate::routing::{Decision, Reason, RoutingTable, Upstream};
 use crate::status;
@@ -35,6 +36,8 @@ pub struct CompiledConfig {
     pub local_cluster: String,
     /// Set when this is the bootstrap's fallback configuration.
     pub fallback: Option<FallbackMode>,
+    /// The label values the counters may carry.
+    pub labels: MetricLabels,
 }
 
 impl CompiledConfig {
@@ -48,6 +51,7 @@ impl CompiledConfig {
                 .map_or(LOCAL_CLUSTER, |f| f.local_cluster.as_str())
                 .to_string(),
             fallback: config.fallback.as_ref().map(|f| f.mode),
+            labels: MetricLabels::compile(config),
         }
     }
 }
@@ -61,30 +65,6 @@ pub enum HeaderOp<'a> {
     Set(&'a str, Cow<'a, str>),
     /// Add a value (a header may repeat: one `X-Remote-Group` per group).
     Add(&'a str, Cow<'a, str>),
-}
-
-/// The filter's counters (the shell maps them to Envoy metrics).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Counter {
-    /// A discovery request answered from the merged documents.
-    DiscoveryCacheHit,
-    /// A discovery request we could not answer from them (forwarded to the local apiserver).
-    DiscoveryCacheMiss,
-    /// A `profile=nopeer` discovery request (forwarded to the local apiserver).
-    DiscoveryNoPeer,
-    /// A request routed to a peer.
-    Rerouted,
-    /// A peer-bound request Envoy could not complete (answered 503).
-    PeerProxyError,
-    /// A request for a retained resource, or for a retained group-version's legacy discovery
-    /// path, answered 503 by the filter (no live apiserver serves it now).
-    Retained,
-    /// A request no known apiserver serves, answered 503 by the filter while a live peer's
-    /// discovery is not known yet.
-    PeerDiscoveryPending,
-    /// An apiserver answered `404 page not found` for what the routing table says it serves
-    /// (our view of it is out of date): answered 503 instead.
-    NotServed,
 }
 
 /// A reply the filter sends itself, instead of forwarding.
@@ -332,6 +312,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
     let mut counters = Vec::new();
     if let Some(discovery) = &compiled.discovery {
         if let Some(gv) = discovery.unavailable(&method, &path) {
+            let gvr = compiled.labels.of(&gv.group, &gv.version, "");
             let reply = LocalReply::unavailable(&format!(
                 "no live apiserver serves {gv} now; the apiserver that served it is gone or \
                  restarting (retry)"
@@ -341,7 +322,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
                 path,
                 cause: Unavailable::RetainedDiscovery,
                 reply,
-                counter: Counter::Retained,
+                counter: Counter::Retained { gvr },
             };
         }
         let discovery_headers = DiscoveryHeaders {
@@ -391,15 +372,14 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
             };
             (compiled.local_cluster.as_str(), by)
         }
-        Upstream::Peer { cluster } => {
-            counters.push(Counter::Rerouted);
-            (cluster, Some(ServedBy::Peer))
-        }
+        Upstream::Peer { cluster } => (cluster, Some(ServedBy::Peer)),
         Upstream::Unavailable => {
-            return unavailable(method, path, info, decision.reason);
+            return unavailable(method, path, info, decision.reason, compiled);
         }
     };
-    let served = by.zip(info).map(|(by, info)| Served::new(by, info));
+    let served = by
+        .zip(info)
+        .map(|(by, info)| Served::new(by, info, &compiled.labels));
     RequestPlan::Forward(Forward {
         method,
         path,
@@ -422,13 +402,19 @@ fn unavailable<'a>(
     path: Cow<'a, str>,
     info: Option<RequestInfo>,
     reason: Reason,
+    compiled: &CompiledConfig,
 ) -> RequestPlan<'a> {
+    let gvr = info.as_ref().map_or(GvrLabel::OTHER, |info| {
+        compiled
+            .labels
+            .of(&info.api_group, &info.api_version, &info.resource)
+    });
     // Only resource requests are sent nowhere, so `info` is there; the path says it otherwise.
     let target = info.map_or_else(|| path.to_string(), |info| Target::of(info).to_string());
     let (cause, counter, message) = match reason {
         Reason::PeerDiscoveryPending => (
             Unavailable::PeerDiscoveryPending,
-            Counter::PeerDiscoveryPending,
+            Counter::PeerDiscoveryPending { gvr },
             // No peer names: this answer comes before any authentication (the apiserver
             // authenticates, the filter cannot), so an anonymous client must not learn the
             // cluster's apiserver identities from it. Operators see them on /debug/skew.
@@ -439,7 +425,7 @@ fn unavailable<'a>(
         ),
         _ => (
             Unavailable::Retained,
-            Counter::Retained,
+            Counter::Retained { gvr },
             format!(
                 "no live apiserver serves {target} now; the apiserver that served it is gone or \
                  restarting (retry)"
@@ -507,10 +493,13 @@ pub struct Served {
     /// `attach`, `log` and `portforward` subresources): a `404 page not found` there may be
     /// the pod's or the kubelet's, not the apiserver's.
     pub relayed: bool,
+    /// Its group/version/resource as a counter label (bounded by the configuration).
+    pub label: GvrLabel,
 }
 
 impl Served {
-    fn new(by: ServedBy, info: RequestInfo) -> Self {
+    fn new(by: ServedBy, info: RequestInfo, labels: &MetricLabels) -> Self {
+        let label = labels.of(&info.api_group, &info.api_version, &info.resource);
         let relayed = info.verb == "proxy"
             || matches!(
                 info.subresource.as_str(),
@@ -520,6 +509,7 @@ impl Served {
             by,
             target: Target::of(info),
             relayed,
+            label,
         }
     }
 }
@@ -578,6 +568,8 @@ pub enum ReplaceCause {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Replacement<'a> {
     pub cause: ReplaceCause,
+    /// The status the client gets.
+    pub status: u16,
     /// The response header changes, in order.
     pub headers: Vec<HeaderOp<'a>>,
     pub body: ReplacementBody,
@@ -599,6 +591,19 @@ pub fn status_code(status: Option<&[u8]>) -> u16 {
 }
 
 impl ResponsePlan {
+    /// The counter of a request routed to a peer, once its response starts: `code` is the
+    /// status the client gets (after any replacement), as upstream counts it.
+    pub fn rerouted(&self, code: u16) -> Option<Counter> {
+        match &self.served {
+            Some(Served {
+                by: ServedBy::Peer,
+                label,
+                ..
+            }) => Some(Counter::Rerouted { code, gvr: *label }),
+            _ => None,
+        }
+    }
+
     /// Whether [`decide`](Self::decide) needs Envoy's `response.code_details` for a response
     /// with this status (the shell reads it only then).
     pub fn needs_details(&self, code: u16) -> bool {
@@ -647,14 +652,15 @@ impl ResponsePlan {
             Some(Served {
                 by: ServedBy::Peer,
                 target,
+                label,
                 ..
             }) if !details.is_empty() && details != local_reply::VIA_UPSTREAM => {
-                Some(target.to_string())
+                Some((target.to_string(), *label))
             }
             _ => None,
         };
         let routed = match &peer_target {
-            Some(target) => RoutedTo::Peer { target },
+            Some((target, _)) => RoutedTo::Peer { target },
             None => RoutedTo::Local,
         };
         let Some(rewrite) = local_reply::rewrite(routed, code, details) else {
@@ -665,13 +671,17 @@ impl ResponsePlan {
                 envoy_code: code,
                 code: rewrite.code,
             },
+            status: rewrite.code,
             headers: vec![
                 HeaderOp::Set(":status", Cow::Owned(rewrite.code.to_string())),
                 HeaderOp::Set("content-type", Cow::Borrowed(status::CONTENT_TYPE)),
                 HeaderOp::Remove("content-length"),
             ],
             body: ReplacementBody::Status(rewrite.body),
-            counter: peer_target.is_some().then_some(Counter::PeerProxyError),
+            counter: peer_target.map(|(_, gvr)| Counter::PeerProxyError {
+                kind: local_reply::peer_error(code, details),
+                gvr,
+            }),
         })
     }
 
@@ -695,6 +705,7 @@ impl ResponsePlan {
         };
         Some(Replacement {
             cause: ReplaceCause::NotServed { by: served.by },
+            status: rewrite.code,
             headers: vec![
                 HeaderOp::Set(":status", Cow::Owned(rewrite.code.to_string())),
                 HeaderOp::Set("content-type", Cow::Borrowed(status::CONTENT_TYPE)),
@@ -703,7 +714,7 @@ impl ResponsePlan {
                 HeaderOp::Set("retry-after", Cow::Borrowed(status::RETRY_AFTER)),
             ],
             body: ReplacementBody::Status(rewrite.body),
-            counter: Some(Counter::NotServed),
+            counter: Some(Counter::NotServed { gvr: served.label }),
         })
     }
 
@@ -743,6 +754,7 @@ impl ResponsePlan {
         }
         Some(Replacement {
             cause: ReplaceCause::MergedDiscovery,
+            status: response.status,
             headers,
             body: ReplacementBody::Discovery(choice),
             counter: Some(Counter::DiscoveryCacheHit),
@@ -865,7 +877,7 @@ mod tests {
                     ServedBy::Peer,
                     "resource.k8s.io/v1beta2, Resource=resourceclaims",
                 )),
-                vec![Counter::Rerouted],
+                vec![],
             ),
             (
                 "PATCH",
@@ -876,7 +888,7 @@ mod tests {
                 "p133-identity",
                 RequestClass::Short,
                 Some((ServedBy::Peer, "v1, Resource=pods/resize")),
-                vec![Counter::Rerouted],
+                vec![],
             ),
             (
                 "GET",
@@ -926,6 +938,15 @@ mod tests {
             assert_eq!(f.response.discovery, None, "{path}");
             assert_eq!(f.counters, counters, "{path}");
             assert!(matches!(f.route, Route::Table(_)), "{path}");
+            // A peer-bound request is counted when its response starts, with the status the
+            // client gets and the resource (never the subresource) as labels.
+            let rerouted = f.response.rerouted(201).map(|k| k.stat_name(&c.labels));
+            let want = match path {
+                CLAIM => Some("apiserver_rerouted_request_total;code=201;group=resource.k8s.io;version=v1beta2;resource=resourceclaims"),
+                RESIZE => Some("apiserver_rerouted_request_total;code=201;group=;version=v1;resource=pods"),
+                _ => None,
+            };
+            assert_eq!(rerouted.as_deref(), want, "{path}");
         }
     }
 
@@ -1086,6 +1107,7 @@ mod tests {
                     subresource: String::new(),
                 },
                 relayed: false,
+                label: GvrLabel::OTHER,
             }),
         };
         let local = ResponsePlan::default();
@@ -1107,7 +1129,14 @@ mod tests {
                 code: 503
             }
         );
-        assert_eq!(r.counter, Some(Counter::PeerProxyError));
+        assert_eq!(r.status, 503);
+        assert_eq!(
+            r.counter,
+            Some(Counter::PeerProxyError {
+                kind: PeerError::Timeout,
+                gvr: GvrLabel::OTHER
+            })
+        );
         assert_eq!(
             r.headers,
             vec![
@@ -1264,9 +1293,11 @@ mod tests {
             let name = format!("{method} {path} (pending peers: {with_pending})");
             match (plan_request(&h, None, c), want) {
                 (RequestPlan::Forward(f), None) => {
-                    let ours = [Counter::Retained, Counter::PeerDiscoveryPending];
                     assert!(
-                        !f.counters.iter().any(|c| ours.contains(c)),
+                        !f.counters.iter().any(|c| matches!(
+                            c,
+                            Counter::Retained { .. } | Counter::PeerDiscoveryPending { .. }
+                        )),
                         "{name}: {:?}",
                         f.counters
                     );
@@ -1284,10 +1315,10 @@ mod tests {
                     assert_eq!((m.as_ref(), p.as_ref()), (method, path), "{name}");
                     assert_eq!(cause, want_cause, "{name}");
                     let want_counter = match cause {
-                        PeerDiscoveryPending => Counter::PeerDiscoveryPending,
-                        Retained | RetainedDiscovery => Counter::Retained,
+                        PeerDiscoveryPending => "skewgate_peer_discovery_pending_total",
+                        Retained | RetainedDiscovery => "skewgate_retained_unavailable_total",
                     };
-                    assert_eq!(counter, want_counter, "{name}");
+                    assert_eq!(counter.metric_name(), want_counter, "{name}");
                     assert_eq!(reply.code, 503, "{name}");
                     assert_eq!(
                         reply.headers(),
@@ -1456,7 +1487,12 @@ mod tests {
                 (ResponseDecision::Replace(r), Some(target)) => {
                     let by = plan.served.as_ref().unwrap().by;
                     assert_eq!(r.cause, ReplaceCause::NotServed { by }, "{name}");
-                    assert_eq!(r.counter, Some(Counter::NotServed), "{name}");
+                    assert_eq!(
+                        r.counter.map(|k| k.metric_name()),
+                        Some("skewgate_not_served_404_total"),
+                        "{name}"
+                    );
+                    assert_eq!(r.status, 503, "{name}");
                     assert_eq!(
                         r.headers,
                         vec![
@@ -1544,7 +1580,7 @@ mod tests {
             let h = headers("GET", path, extra);
             let f = forward(plan_request(&h, None, &c));
             assert_eq!(f.cluster, want, "{path}");
-            assert!(!f.counters.contains(&Counter::Rerouted), "{path}");
+            assert_eq!(f.response.rerouted(200), None, "{path}");
         }
         // The hygiene and identity still apply.
         let h = headers("GET", "/api/v1/pods", &[("x-remote-user", b"admin")]);

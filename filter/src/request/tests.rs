@@ -11,9 +11,8 @@ use skewgate_core::config::{
 };
 use skewgate_core::plan::CompiledConfig;
 
-use super::{Request, Worker};
+use super::{Configured, Request, Worker};
 use crate::host::{Headers, Host};
-use crate::metrics::Metrics;
 
 const RESOURCECLAIM: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims/gpu";
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments?limit=500";
@@ -27,23 +26,28 @@ const GROUPS: &str = r#"{"kind":"APIGroupList","apiVersion":"v1","groups":[]}"#;
 const CONNECTION_FAILURE: &str =
     "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}";
 
-const HITS: u32 = 1;
-const MISSES: u32 = 2;
-const NOPEER: u32 = 3;
-const REROUTED: u32 = 4;
-const PEER_ERRORS: u32 = 5;
-const RETAINED: u32 = 6;
-const PENDING: u32 = 7;
-const NOT_SERVED: u32 = 8;
+const HITS: &str = "aggregator_discovery_peer_aggregated_cache_hits_total";
+const MISSES: &str = "aggregator_discovery_peer_aggregated_cache_misses_total";
+const NOPEER: &str = "aggregator_discovery_nopeer_requests_total";
+const REROUTED: &str = "apiserver_rerouted_request_total";
+const PEER_ERRORS: &str = "apiserver_peer_proxy_errors_total";
+const NOT_SERVED: &str = "skewgate_not_served_404_total";
+const CLAIM_LABELS: &str = "group=resource.k8s.io;version=v1beta2;resource=resourceclaims";
+
+thread_local! {
+    /// The names of the metrics defined in this test's thread, by id - 1: Envoy's ids outlive
+    /// a request, and so do the configuration's cached ids.
+    static DEFINED: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// A 1.30 local apiserver with a 1.33 peer (cluster `p133`) and merged discovery.
-fn compiled() -> Rc<CompiledConfig> {
+fn compiled() -> Rc<Configured> {
     compiled_with(&[])
 }
 
 /// The same, while the discovery of the `pending` peers is not known yet. The apiserver that
 /// served `resource.k8s.io/v1beta3` and `pods/resize` is gone: they are retained.
-fn compiled_with(pending: &[&str]) -> Rc<CompiledConfig> {
+fn compiled_with(pending: &[&str]) -> Rc<Configured> {
     let resource = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
         resource: resource.into(),
         local,
@@ -97,20 +101,11 @@ fn compiled_with(pending: &[&str]) -> Rc<CompiledConfig> {
         }),
     };
     config.validate().unwrap();
-    Rc::new(CompiledConfig::compile(&config))
+    Rc::new(Configured::new(CompiledConfig::compile(&config)))
 }
 
 fn worker() -> Rc<Worker> {
-    Rc::new(Worker::new(Metrics {
-        discovery_cache_hits: Some(HITS),
-        discovery_cache_misses: Some(MISSES),
-        discovery_nopeer: Some(NOPEER),
-        rerouted: Some(REROUTED),
-        peer_proxy_errors: Some(PEER_ERRORS),
-        retained: Some(RETAINED),
-        peer_discovery_pending: Some(PENDING),
-        not_served: Some(NOT_SERVED),
-    }))
+    Rc::new(Worker::new())
 }
 
 /// A local reply: status, headers, body.
@@ -126,7 +121,8 @@ struct FakeHost {
     now: Duration,
     /// Every call, as `name arguments`.
     calls: Vec<String>,
-    metrics: BTreeMap<u32, u64>,
+    /// Increments by stat name (`name;label=value...`).
+    metrics: BTreeMap<String, u64>,
     sent: Option<Sent>,
     /// Each chunk's replacement.
     bodies: Vec<Vec<u8>>,
@@ -163,8 +159,13 @@ impl FakeHost {
             .collect()
     }
 
-    fn count(&self, id: u32) -> u64 {
-        self.metrics.get(&id).copied().unwrap_or(0)
+    /// The increments of a metric, all label values together.
+    fn count(&self, metric: &str) -> u64 {
+        self.metrics
+            .iter()
+            .filter(|(name, _)| name.split(';').next() == Some(metric))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     fn infos(&self) -> Vec<&str> {
@@ -242,9 +243,19 @@ impl Host for FakeHost {
         Ok(())
     }
 
+    fn define_metric(&mut self, name: &str) -> Result<u32, Status> {
+        self.call("define_metric", format_args!("{name}"))?;
+        Ok(DEFINED.with(|d| {
+            let mut d = d.borrow_mut();
+            d.push(name.to_string());
+            d.len() as u32
+        }))
+    }
+
     fn increment_metric(&mut self, id: u32) -> Result<(), Status> {
         self.call("increment_metric", format_args!("{id}"))?;
-        *self.metrics.entry(id).or_default() += 1;
+        let name = DEFINED.with(|d| d.borrow()[id as usize - 1].clone());
+        *self.metrics.entry(name).or_default() += 1;
         Ok(())
     }
 
@@ -288,7 +299,7 @@ struct Case {
     /// Request headers afterwards: every value of each name (an empty list: absent).
     after: &'static [(&'static str, &'static [&'static str])],
     /// Counters incremented.
-    counters: &'static [(u32, u64)],
+    counters: &'static [(&'static str, u64)],
     /// The status of a local reply.
     sent: Option<u32>,
 }
@@ -335,7 +346,8 @@ fn request_headers_table() {
                 ("x-skewgate-request-class", &["short"]),
                 ("x-kubernetes-peer-proxied", &["true"]),
             ],
-            counters: &[(REROUTED, 1)],
+            // Counted when the response starts, with its status.
+            counters: &[],
             sent: None,
         },
         Case {
@@ -376,7 +388,8 @@ fn request_headers_table() {
                 ("x-skewgate-upstream-cluster", &["p133-identity"]),
                 ("x-kubernetes-peer-proxied", &["true"]),
             ],
-            counters: &[(REROUTED, 1)],
+            // Counted when the response starts, with its status.
+            counters: &[],
             sent: None,
         },
         Case {
@@ -544,7 +557,10 @@ fn request_headers_table() {
         }
         assert_eq!(
             host.metrics,
-            case.counters.iter().copied().collect::<BTreeMap<_, _>>(),
+            case.counters
+                .iter()
+                .map(|(name, n)| (name.to_string(), *n))
+                .collect::<BTreeMap<_, _>>(),
             "{}: counters",
             case.name
         );
@@ -745,7 +761,7 @@ fn discovery_is_answered_from_the_merged_document_when_the_local_apiserver_allow
         host.bodies,
         [APIS.as_bytes().to_vec(), Vec::new(), Vec::new()]
     );
-    assert_eq!(host.metrics, BTreeMap::from([(HITS, 1)]));
+    assert_eq!(host.metrics, BTreeMap::from([(HITS.to_string(), 1)]));
     // code_details is not read for an answer we replace.
     assert!(!host.calls.iter().any(|c| c.contains("code_details")));
 
@@ -931,6 +947,17 @@ fn envoy_replies_are_mapped_to_status() {
         );
         let rerouted = u64::from(path == RESOURCECLAIM);
         assert_eq!(host.count(REROUTED), rerouted, "{name}: rerouted");
+        if path == RESOURCECLAIM {
+            // With the status the client got, and the resource the configuration knows.
+            let code = want.unwrap_or(status);
+            let key = format!("{REROUTED};code={code};{CLAIM_LABELS}");
+            assert_eq!(
+                host.metrics.get(&key),
+                Some(&1),
+                "{name}: {:?}",
+                host.metrics
+            );
+        }
     }
 }
 
@@ -967,6 +994,7 @@ fn mapped_replies_log_at_most_once_per_window() {
     let worker = worker();
     let mut lines = Vec::new();
     let mut peer_errors = 0;
+    let mut defined = 0;
     // 10 requests a second for 25 seconds.
     for tenth in 0..250u64 {
         let host = FakeHost {
@@ -984,9 +1012,18 @@ fn mapped_replies_log_at_most_once_per_window() {
         req.on_response_headers(false);
         assert_eq!(req.host.values(Headers::Response, ":status"), ["503"]);
         peer_errors += req.host.count(PEER_ERRORS);
+        defined += req
+            .host
+            .calls
+            .iter()
+            .filter(|c| c.starts_with("define_metric"))
+            .count();
         lines.extend(req.host.infos().into_iter().map(str::to_string));
     }
     assert_eq!(peer_errors, 250);
+    // Each label set is defined once per configuration, not per request: rerouted with 503,
+    // and the peer error.
+    assert_eq!(defined, 2);
     let line =
         format!("skewgate: Envoy replied 503 ({CONNECTION_FAILURE}); answering 503 with a Status");
     assert_eq!(
@@ -1007,14 +1044,14 @@ const RESIZE: &str = "/api/v1/namespaces/default/pods/web/resize";
 #[test]
 fn unavailable_requests_are_answered_503_with_retry_after() {
     // (name, method, path, pending peers, counter, message)
-    type Case<'a> = (&'a str, &'a str, &'a str, &'a [&'a str], u32, &'a str);
+    type Case<'a> = (&'a str, &'a str, &'a str, &'a [&'a str], &'a str, &'a str);
     let cases: [Case; 5] = [
         (
             "retained resource",
             "GET",
             CLAIM_V1BETA3,
             &[],
-            RETAINED,
+            "skewgate_retained_unavailable_total;group=resource.k8s.io;version=v1beta3;resource=resourceclaims",
             "no live apiserver serves resource.k8s.io/v1beta3, Resource=resourceclaims now; \
              the apiserver that served it is gone or restarting (retry)",
         ),
@@ -1023,7 +1060,7 @@ fn unavailable_requests_are_answered_503_with_retry_after() {
             "PATCH",
             RESIZE,
             &[],
-            RETAINED,
+            "skewgate_retained_unavailable_total;group=;version=v1;resource=pods",
             "no live apiserver serves v1, Resource=pods/resize now; the apiserver that served \
              it is gone or restarting (retry)",
         ),
@@ -1032,7 +1069,7 @@ fn unavailable_requests_are_answered_503_with_retry_after() {
             "GET",
             "/apis/resource.k8s.io/v1beta3?timeout=32s",
             &[],
-            RETAINED,
+            "skewgate_retained_unavailable_total;group=resource.k8s.io;version=v1beta3;resource=",
             "no live apiserver serves resource.k8s.io/v1beta3 now; the apiserver that served \
              it is gone or restarting (retry)",
         ),
@@ -1041,7 +1078,9 @@ fn unavailable_requests_are_answered_503_with_retry_after() {
             "GET",
             "/apis/resource.k8s.io/v1/resourceclaims",
             &["apiserver-c"],
-            PENDING,
+            // A group-version the configuration does not know: `other`, whatever the client
+            // asked for.
+            "skewgate_peer_discovery_pending_total;group=other;version=other;resource=other",
             "no known apiserver serves resource.k8s.io/v1, Resource=resourceclaims, and the \
              discovery of a peer apiserver is not known yet (retry)",
         ),
@@ -1050,7 +1089,7 @@ fn unavailable_requests_are_answered_503_with_retry_after() {
             "DELETE",
             "/apis/apps/v1/namespaces/d/replicasets/r",
             &["apiserver-c", "apiserver-d"],
-            PENDING,
+            "skewgate_peer_discovery_pending_total;group=other;version=other;resource=other",
             "no known apiserver serves apps/v1, Resource=replicasets, and the discovery of a \
              peer apiserver is not known yet (retry)",
         ),
@@ -1079,14 +1118,28 @@ fn unavailable_requests_are_answered_503_with_retry_after() {
             ),
             "{name}"
         );
-        assert_eq!(req.host.metrics, BTreeMap::from([(counter, 1)]), "{name}");
-        // Nothing is changed or routed for a request that goes nowhere.
         assert_eq!(
-            req.host.calls,
+            req.host.metrics,
+            BTreeMap::from([(counter.to_string(), 1)]),
+            "{name}"
+        );
+        // Nothing is changed or routed for a request that goes nowhere.
+        let calls: Vec<String> = req
+            .host
+            .calls
+            .iter()
+            .map(|c| match c.strip_prefix("increment_metric ") {
+                Some(_) => "increment_metric".to_string(),
+                None => c.clone(),
+            })
+            .collect();
+        assert_eq!(
+            calls,
             [
                 "request_headers ".to_string(),
                 "property connection.subject_peer_certificate".to_string(),
-                format!("increment_metric {counter}"),
+                format!("define_metric {counter}"),
+                "increment_metric".to_string(),
                 "now ".to_string(),
                 "send_response 503".to_string(),
             ],
@@ -1096,7 +1149,7 @@ fn unavailable_requests_are_answered_503_with_retry_after() {
             req.host.infos(),
             [format!(
                 "skewgate: answering {method} {path:?} with 503 ({})",
-                if counter == PENDING {
+                if counter.starts_with("skewgate_peer_discovery_pending_total") {
                     "PeerDiscoveryPending"
                 } else if path.contains('?') {
                     "RetainedDiscovery"
@@ -1132,7 +1185,11 @@ fn pending_peers_leave_served_and_non_resource_requests_alone() {
             [cluster],
             "{path}"
         );
-        assert_eq!(req.host.count(PENDING), 0, "{path}");
+        assert_eq!(
+            req.host.count("skewgate_peer_discovery_pending_total"),
+            0,
+            "{path}"
+        );
     }
 }
 
@@ -1282,7 +1339,12 @@ fn only_a_served_404_reads_the_content_type() {
         ];
         assert_eq!(req.on_response_headers(false), Action::Continue);
         assert_eq!(req.on_response_body(10), Action::Continue);
-        assert_eq!(&req.host.calls[before..], calls, "{path} {status}");
+        // Reading is what this is about; counting a rerouted response is not a read.
+        let reads: Vec<&String> = req.host.calls[before..]
+            .iter()
+            .filter(|c| !c.contains("_metric "))
+            .collect();
+        assert_eq!(reads, calls, "{path} {status}");
     }
 }
 
