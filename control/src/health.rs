@@ -3,7 +3,9 @@
 //! - `/healthz`, `/livez`: 200 while the process serves;
 //! - `/readyz`: 200 only after the first complete sync was published to Envoy, 503 with the
 //!   reasons before;
-//! - `/metrics`: Prometheus text (peers, discovery, xDS, shared storage, the orchestrator);
+//! - `/metrics`: Prometheus text (peers, discovery, xDS, shared storage, the orchestrator),
+//!   followed, with `--envoy-admin`, by the filter's counters read from Envoy's admin
+//!   interface at each scrape: one scrape per node has both planes;
 //! - `/debug/skew`: the skew matrix as JSON, which apiserver serves which group-version-resource
 //!   and where requests for it go (`?all=true` lists uniformly served ones too); a browser
 //!   (`Accept` preferring `text/html`) gets the same document as a page ([`crate::skew_page`]).
@@ -21,13 +23,17 @@ use axum::Router;
 use serde::Deserialize;
 
 use crate::skew_page;
+use crate::envoy::admin::{AdminAddress, FILTER_STATS};
+use crate::metrics::{encode, Families};
 
 /// What the endpoints show.
 pub struct Health {
     /// `Ok` when ready; otherwise why not.
     pub ready: Box<dyn Fn() -> Result<Vec<String>, Vec<String>> + Send + Sync>,
-    /// The Prometheus text exposition of every metric.
-    pub metrics: Box<dyn Fn() -> String + Send + Sync>,
+    /// Every metric of the control plane.
+    pub metrics: Box<dyn Fn() -> Families + Send + Sync>,
+    /// Where the filter's counters are read (`--envoy-admin`).
+    pub envoy_admin: Option<AdminAddress>,
     /// The skew matrix (and apiserver status) as JSON; the flag asks for everything.
     pub skew: Box<dyn Fn(bool) -> serde_json::Value + Send + Sync>,
 }
@@ -71,12 +77,36 @@ async fn readyz(State(h): State<Arc<Health>>) -> Response {
 }
 
 async fn metrics(State(h): State<Arc<Health>>) -> Response {
+    let mut families = (h.metrics)();
+    let envoy = match &h.envoy_admin {
+        Some(admin) => Some(admin.get(FILTER_STATS).await),
+        None => None,
+    };
+    if let Some(result) = &envoy {
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "reading the filter's counters for /metrics");
+        }
+        families.gauge(
+            "skewgate_envoy_stats_up",
+            "1 when this scrape carries the filter's counters, read from Envoy's admin interface; 0 when reading them failed.",
+            if result.is_ok() { 1.0 } else { 0.0 },
+        );
+    }
+    let mut body = encode(&families);
+    // Envoy's own Prometheus text: the filter's counters with upstream's names and labels
+    // (disjoint from the control plane's names).
+    if let Some(Ok(text)) = envoy {
+        body.push_str(&text);
+        if !body.ends_with('\n') {
+            body.push('\n');
+        }
+    }
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        (h.metrics)(),
+        body,
     )
         .into_response()
 }
@@ -186,7 +216,12 @@ mod tests {
                     Err(vec!["peer apiserver-b has not been tried yet".into()])
                 }
             }),
-            metrics: Box::new(|| "skewgate_control_ready 0\n".into()),
+            metrics: Box::new(|| {
+                let mut f = Families::new();
+                f.gauge("skewgate_control_ready", "Ready.", 0.0);
+                f
+            }),
+            envoy_admin: None,
             skew: Box::new(|all| serde_json::json!({ "complete": all })),
         });
         let router = router(health);
@@ -203,7 +238,8 @@ mod tests {
         );
         let (status, body, ct) = get(&router, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
-        assert_eq!(body, "skewgate_control_ready 0\n");
+        assert!(body.contains("\nskewgate_control_ready 0\n"), "{body}");
+        assert!(!body.contains("skewgate_envoy_stats_up"), "{body}");
         assert!(ct
             .unwrap_or_default()
             .starts_with("text/plain; version=0.0.4"));

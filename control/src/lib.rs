@@ -7,6 +7,7 @@ pub mod fetch;
 pub mod flags;
 pub mod health;
 pub mod local_channels;
+pub mod metrics;
 pub mod peers;
 pub mod plan;
 pub mod routing;

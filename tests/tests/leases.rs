@@ -424,7 +424,7 @@ async fn addresses_outside_the_cidrs_or_not_ip_port_never_become_peers() -> Resu
     assert_eq!(m.rejected_total(RejectReason::Empty), 1);
     assert_eq!(m.rejected_total(RejectReason::NotUnicast), 1);
     assert_eq!(m.rejected_total(RejectReason::Missing), 1);
-    let text = m.render();
+    let text = skewgate_control::metrics::encode(&m.families());
     assert!(text.contains("skewgate_peer_address_rejected_total{reason=\"outside_cidrs\"} 1"));
 
     // No CIDR configured: every annotation is refused, the mapping still works.
@@ -552,8 +552,7 @@ async fn a_lease_whose_renew_time_is_out_of_range_is_ignored_not_the_watch() -> 
     let m = &w.metrics;
     assert_eq!(m.malformed_total(LeaseField::RenewTime), 2);
     assert_eq!(m.watch_errors_total(), 0);
-    assert!(m
-        .render()
+    assert!(skewgate_control::metrics::encode(&m.families())
         .contains("skewgate_peer_leases_malformed_total{field=\"renew_time\"} 2\n"));
     Ok(())
 }

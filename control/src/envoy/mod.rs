@@ -10,6 +10,7 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+pub mod admin;
 pub mod bootstrap;
 pub mod fallback;
 pub mod resources;

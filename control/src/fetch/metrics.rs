@@ -3,12 +3,12 @@
 //! rendered in the Prometheus text format.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use super::error::{ErrorType, FetchError};
+use crate::metrics::{unix_seconds, Families};
 
 /// How a successful attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,145 +133,91 @@ impl DiscoveryMetrics {
         map.get(id).cloned()
     }
 
-    /// The Prometheus text exposition of these metrics.
-    pub fn render_prometheus(&self) -> String {
-        let mut out = String::new();
-        out.push_str(
-            "# HELP apiserver_peer_discovery_sync_errors_total Failed discovery fetches from apiservers (the last good view is kept), by type.\n\
-             # TYPE apiserver_peer_discovery_sync_errors_total counter\n",
+    /// These metrics, for `/metrics`.
+    pub fn families(&self) -> Families {
+        let now = SystemTime::now();
+        let mut f = Families::new();
+        f.counters(
+            "apiserver_peer_discovery_sync_errors_total",
+            "Failed discovery fetches from apiservers (the last good view is kept), by type.",
+            &["type"],
+            ErrorType::ALL
+                .iter()
+                .map(|t| ([t.label()], self.errors_total(*t))),
         );
-        for t in ErrorType::ALL {
-            let _ = writeln!(
-                out,
-                "apiserver_peer_discovery_sync_errors_total{{type=\"{}\"}} {}",
-                t.label(),
-                self.errors_total(t)
-            );
-        }
-        out.push_str(
-            "# HELP skewgate_discovery_syncs_total Successful discovery fetches from apiservers, by result.\n\
-             # TYPE skewgate_discovery_syncs_total counter\n",
+        f.counters(
+            "skewgate_discovery_syncs_total",
+            "Successful discovery fetches from apiservers, by result.",
+            &["result"],
+            SyncOutcome::ALL
+                .iter()
+                .map(|o| ([o.label()], self.outcomes_total(*o))),
         );
-        for o in SyncOutcome::ALL {
-            let _ = writeln!(
-                out,
-                "skewgate_discovery_syncs_total{{result=\"{}\"}} {}",
-                o.label(),
-                self.outcomes_total(o)
-            );
-        }
-        let _ = write!(
-            out,
-            "# HELP skewgate_discovery_holder_refetches_coalesced_total Refetches asked for by a new holder identity within --holder-refetch-interval of the last one: deferred to its end and coalesced.\n\
-             # TYPE skewgate_discovery_holder_refetches_coalesced_total counter\n\
-             skewgate_discovery_holder_refetches_coalesced_total {}\n",
-            self.coalesced_triggers_total()
+        f.counter(
+            "skewgate_discovery_holder_refetches_coalesced_total",
+            "Refetches asked for by a new holder identity within --holder-refetch-interval of the last one: deferred to its end and coalesced.",
+            self.coalesced_triggers_total(),
         );
         let map = self
             .apiservers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        out.push_str(
-            "# HELP skewgate_discovery_last_success_timestamp_seconds When an apiserver's discovery was last fetched successfully.\n\
-             # TYPE skewgate_discovery_last_success_timestamp_seconds gauge\n",
+        let per = |value: &dyn Fn(&ApiserverSyncStatus) -> Option<f64>| {
+            map.iter()
+                .filter_map(|(id, s)| Some(([id.as_str()], value(s)?)))
+                .collect::<Vec<_>>()
+        };
+        f.gauges(
+            "skewgate_discovery_last_success_timestamp_seconds",
+            "When an apiserver's discovery was last fetched successfully.",
+            &["apiserver"],
+            per(&|s| s.last_success.map(unix_seconds)),
         );
-        for (id, s) in &map {
-            if let Some(t) = s.last_success {
-                let _ = writeln!(
-                    out,
-                    "skewgate_discovery_last_success_timestamp_seconds{{apiserver=\"{}\"}} {}",
-                    escape(id),
-                    seconds(t)
-                );
-            }
-        }
-        out.push_str(
-            "# HELP skewgate_discovery_fetches_total Discovery fetches from an apiserver, good or not (its series goes when the peer leaves).\n\
-             # TYPE skewgate_discovery_fetches_total counter\n",
+        f.gauges(
+            "skewgate_discovery_age_seconds",
+            "Seconds since an apiserver's discovery was last fetched successfully (how old the view routing uses is).",
+            &["apiserver"],
+            per(&|s| {
+                let t = s.last_success?;
+                Some(now.duration_since(t).unwrap_or_default().as_secs_f64())
+            }),
         );
-        for (id, s) in &map {
-            let _ = writeln!(
-                out,
-                "skewgate_discovery_fetches_total{{apiserver=\"{}\"}} {}",
-                escape(id),
-                s.fetches
-            );
-        }
-        out.push_str(
-            "# HELP skewgate_discovery_consecutive_failures Failed discovery fetches from an apiserver since its last success.\n\
-             # TYPE skewgate_discovery_consecutive_failures gauge\n",
+        f.counters(
+            "skewgate_discovery_fetches_total",
+            "Discovery fetches from an apiserver, good or not (its series goes when the peer leaves).",
+            &["apiserver"],
+            map.iter().map(|(id, s)| ([id.as_str()], s.fetches)),
         );
-        for (id, s) in &map {
-            let _ = writeln!(
-                out,
-                "skewgate_discovery_consecutive_failures{{apiserver=\"{}\"}} {}",
-                escape(id),
-                s.consecutive_failures
-            );
-        }
-        out.push_str(
-            "# HELP skewgate_discovery_stale_group_versions Legacy group-versions of an apiserver that answered with an error (kept as Stale).\n\
-             # TYPE skewgate_discovery_stale_group_versions gauge\n",
+        f.gauges(
+            "skewgate_discovery_consecutive_failures",
+            "Failed discovery fetches from an apiserver since its last success.",
+            &["apiserver"],
+            per(&|s| Some(s.consecutive_failures as f64)),
         );
-        for (id, s) in &map {
-            let _ = writeln!(
-                out,
-                "skewgate_discovery_stale_group_versions{{apiserver=\"{}\"}} {}",
-                escape(id),
-                s.stale_group_versions
-            );
-        }
-        out.push_str(
-            "# HELP skewgate_discovery_last_error_timestamp_seconds When an apiserver's discovery fetch last failed.\n\
-             # TYPE skewgate_discovery_last_error_timestamp_seconds gauge\n",
+        f.gauges(
+            "skewgate_discovery_stale_group_versions",
+            "Legacy group-versions of an apiserver that answered with an error (kept as Stale).",
+            &["apiserver"],
+            per(&|s| Some(s.stale_group_versions as f64)),
         );
-        for (id, s) in &map {
-            if let Some(t) = s.last_error_time {
-                let _ = writeln!(
-                    out,
-                    "skewgate_discovery_last_error_timestamp_seconds{{apiserver=\"{}\"}} {}",
-                    escape(id),
-                    seconds(t)
-                );
-            }
-        }
-        out.push_str(
-            "# HELP skewgate_discovery_last_error_info The last discovery fetch error of an apiserver (value 1).\n\
-             # TYPE skewgate_discovery_last_error_info gauge\n",
+        f.gauges(
+            "skewgate_discovery_last_error_timestamp_seconds",
+            "When an apiserver's discovery fetch last failed.",
+            &["apiserver"],
+            per(&|s| s.last_error_time.map(unix_seconds)),
         );
-        for (id, s) in &map {
-            if let (Some(e), Some(t)) = (&s.last_error, s.last_error_type) {
-                let _ = writeln!(
-                    out,
-                    "skewgate_discovery_last_error_info{{apiserver=\"{}\",type=\"{}\",error=\"{}\"}} 1",
-                    escape(id),
-                    t.label(),
-                    escape(e)
-                );
-            }
-        }
-        out
+        f.gauges(
+            "skewgate_discovery_last_error_info",
+            "The last discovery fetch error of an apiserver (value 1).",
+            &["apiserver", "type", "error"],
+            map.iter().filter_map(|(id, s)| {
+                let (e, t) = (s.last_error.as_deref()?, s.last_error_type?);
+                Some(([id.as_str(), t.label(), e], 1.0))
+            }),
+        );
+        f
     }
-}
-
-fn seconds(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    format!("{}.{:03}", d.as_secs(), d.subsec_millis())
-}
-
-/// A Prometheus label value: `\`, `"` and newlines escaped.
-fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -305,7 +251,7 @@ mod tests {
         let a = m.status("apiserver-a").unwrap();
         assert!(a.last_success.is_some() && a.last_error.is_none());
 
-        let text = m.render_prometheus();
+        let text = crate::metrics::encode(&m.families());
         for line in [
             "apiserver_peer_discovery_sync_errors_total{type=\"connect\"} 1",
             "apiserver_peer_discovery_sync_errors_total{type=\"garbage\"} 1",
@@ -324,7 +270,7 @@ mod tests {
             "skewgate_discovery_last_success_timestamp_seconds{apiserver=\"apiserver-b\"}"
         ));
         assert!(text.contains(
-            "skewgate_discovery_last_error_info{apiserver=\"apiserver-b\",type=\"garbage\",error=\"GET https://10.0.0.2:6443/apis: bad\"} 1"
+            "skewgate_discovery_last_error_info{apiserver=\"apiserver-b\",error=\"GET https://10.0.0.2:6443/apis: bad\",type=\"garbage\"} 1"
         ));
         // Every sample line is `name{labels} value` on one line.
         for l in text.lines().filter(|l| !l.starts_with('#')) {
@@ -340,14 +286,14 @@ mod tests {
                 message: "a\"b\\c\nd".into(),
             },
         );
-        let text = m.render_prometheus();
+        let text = crate::metrics::encode(&m.families());
         assert!(
-            text.contains(r#"error="GET u: cannot connect: a\"b\\c\nd"} 1"#),
+            text.contains(r#"error="GET u: cannot connect: a\"b\\c\nd",type="connect"} 1"#),
             "{text}"
         );
 
         m.forget("apiserver-b");
-        assert!(!m.render_prometheus().contains("apiserver-b"));
+        assert!(!crate::metrics::encode(&m.families()).contains("apiserver-b"));
         assert_eq!(m.errors_total(ErrorType::Connect), 2, "counters stay");
     }
 }

@@ -237,7 +237,7 @@ pub async fn run(
         for n in &eval.notices {
             report(n, &metrics);
         }
-        metrics.set_counts(eval.set.peers.len(), eval.set.excluded.len());
+        metrics.set_counts(eval.set.peers.len(), &eval.set.excluded);
         deadline = eval.next_expiry.map(|d| tokio::time::Instant::now() + d);
         let new = eval.set;
         tx.send_if_modified(|current| {

@@ -181,13 +181,14 @@ async fn run_async(config: RunConfig) -> Result<()> {
         Arc::new(Health {
             ready: Box::new(move || s1.ready()),
             metrics: Box::new(move || {
-                let mut out = am.render();
-                out.push_str(&pm.render());
-                out.push_str(&dm.render_prometheus());
-                out.push_str(&xm.render());
-                out.push_str(&sm.render());
-                out
+                let mut f = am.families();
+                f.extend(pm.families());
+                f.extend(dm.families());
+                f.extend(xm.families());
+                f.extend(sm.families());
+                f
             }),
+            envoy_admin: config.envoy_admin.clone(),
             skew: Box::new(move |all| s2.skew_json(all)),
         })
     };

@@ -2,10 +2,11 @@
 //! `/readyz` and `/debug/skew`.
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::metrics::{unix_seconds, Families};
 
 use serde::Serialize;
 
@@ -80,83 +81,79 @@ impl AppMetrics {
         self.first_sync_ms.store(after_ms, Ordering::Relaxed);
     }
 
-    pub fn render(&self) -> String {
-        let last = self
-            .last_publish
-            .lock()
-            .ok()
-            .and_then(|t| *t)
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map(|d| format!("{}.{:03}", d.as_secs(), d.subsec_millis()));
-        let mut out = String::new();
-        let _ = write!(
-            out,
-            "# HELP skewgate_control_ready 1 once the first complete sync was published to Envoy.\n\
-             # TYPE skewgate_control_ready gauge\n\
-             skewgate_control_ready {}\n\
-             # HELP skewgate_control_first_sync_seconds Time from the start to the first published snapshot.\n\
-             # TYPE skewgate_control_first_sync_seconds gauge\n\
-             skewgate_control_first_sync_seconds {:.3}\n\
-             # HELP skewgate_control_snapshots_published_total Snapshots (routing table, merged discovery, clusters) handed to the xDS server.\n\
-             # TYPE skewgate_control_snapshots_published_total counter\n\
-             skewgate_control_snapshots_published_total {}\n\
-             # HELP skewgate_control_compose_errors_total Failures to build a snapshot (the last one stays).\n\
-             # TYPE skewgate_control_compose_errors_total counter\n\
-             skewgate_control_compose_errors_total {}\n\
-             # HELP skewgate_control_merged_discovery_skipped_total Snapshots without merged discovery (too large).\n\
-             # TYPE skewgate_control_merged_discovery_skipped_total counter\n\
-             skewgate_control_merged_discovery_skipped_total {}\n\
-             # HELP skewgate_control_merged_discovery_bytes Size of the merged discovery in the filter configuration.\n\
-             # TYPE skewgate_control_merged_discovery_bytes gauge\n\
-             skewgate_control_merged_discovery_bytes {}\n\
-             # HELP skewgate_control_peers Live peers by whether requests are routed to them (unrouted: no discovery view).\n\
-             # TYPE skewgate_control_peers gauge\n\
-             skewgate_control_peers{{state=\"routed\"}} {}\n\
-             skewgate_control_peers{{state=\"unrouted\"}} {}\n",
-            self.ready.load(Ordering::Relaxed),
-            self.first_sync_ms.load(Ordering::Relaxed) as f64 / 1000.0,
+    /// These metrics, for `/metrics`.
+    pub fn families(&self) -> Families {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut f = Families::new();
+        f.gauge(
+            "skewgate_control_ready",
+            "1 once the first complete sync was published to Envoy.",
+            load(&self.ready) as f64,
+        );
+        f.gauge(
+            "skewgate_control_first_sync_seconds",
+            "Time from the start to the first published snapshot.",
+            load(&self.first_sync_ms) as f64 / 1000.0,
+        );
+        f.counter(
+            "skewgate_control_snapshots_published_total",
+            "Snapshots (routing table, merged discovery, clusters) handed to the xDS server.",
             self.published_total(),
-            self.compose_errors.load(Ordering::Relaxed),
-            self.merged_skipped.load(Ordering::Relaxed),
-            self.merged_bytes.load(Ordering::Relaxed),
-            self.routed_peers.load(Ordering::Relaxed),
-            self.unrouted_peers.load(Ordering::Relaxed),
         );
-        let _ = write!(
-            out,
-            "# HELP skewgate_control_pending_peers Live peers whose discovery is not known yet (requests nobody known serves get 503).\n\
-             # TYPE skewgate_control_pending_peers gauge\n\
-             skewgate_control_pending_peers {}\n\
-             # HELP skewgate_control_retained_resources Resources no live apiserver serves, kept from an apiserver that left (answered 503, Stale in discovery).\n\
-             # TYPE skewgate_control_retained_resources gauge\n\
-             # HELP skewgate_control_retained_expiry_timestamp_seconds When the retention of an apiserver's APIs ends.\n\
-             # TYPE skewgate_control_retained_expiry_timestamp_seconds gauge\n",
-            self.pending_peers.load(Ordering::Relaxed),
+        f.counter(
+            "skewgate_control_compose_errors_total",
+            "Failures to build a snapshot (the last one stays).",
+            load(&self.compose_errors),
         );
-        if let Ok(retained) = self.retained.lock() {
-            for r in retained.iter() {
-                let _ = writeln!(
-                    out,
-                    "skewgate_control_retained_resources{{apiserver=\"{}\"}} {}",
-                    r.id,
-                    r.resources.len()
-                );
-                let _ = writeln!(
-                    out,
-                    "skewgate_control_retained_expiry_timestamp_seconds{{apiserver=\"{}\"}} {}",
-                    r.id, r.expires_unix_seconds
-                );
-            }
-        }
-        if let Some(t) = last {
-            let _ = write!(
-                out,
-                "# HELP skewgate_control_last_publish_timestamp_seconds When the last snapshot was published.\n\
-                 # TYPE skewgate_control_last_publish_timestamp_seconds gauge\n\
-                 skewgate_control_last_publish_timestamp_seconds {t}\n"
+        f.counter(
+            "skewgate_control_merged_discovery_skipped_total",
+            "Snapshots without merged discovery (too large).",
+            load(&self.merged_skipped),
+        );
+        f.gauge(
+            "skewgate_control_merged_discovery_bytes",
+            "Size of the merged discovery in the filter configuration.",
+            load(&self.merged_bytes) as f64,
+        );
+        f.gauges(
+            "skewgate_control_peers",
+            "Live peers by whether requests are routed to them (unrouted: no discovery view).",
+            &["state"],
+            [
+                (["routed"], load(&self.routed_peers) as f64),
+                (["unrouted"], load(&self.unrouted_peers) as f64),
+            ],
+        );
+        f.gauge(
+            "skewgate_control_pending_peers",
+            "Live peers whose discovery is not known yet (requests nobody known serves get 503).",
+            load(&self.pending_peers) as f64,
+        );
+        let retained = self.retained.lock().map(|r| r.clone()).unwrap_or_default();
+        f.gauges(
+            "skewgate_control_retained_resources",
+            "Resources no live apiserver serves, kept from an apiserver that left (answered 503, Stale in discovery).",
+            &["apiserver"],
+            retained
+                .iter()
+                .map(|r| ([r.id.as_str()], r.resources.len() as f64)),
+        );
+        f.gauges(
+            "skewgate_control_retained_expiry_timestamp_seconds",
+            "When the retention of an apiserver's APIs ends.",
+            &["apiserver"],
+            retained
+                .iter()
+                .map(|r| ([r.id.as_str()], r.expires_unix_seconds as f64)),
+        );
+        if let Some(t) = self.last_publish.lock().ok().and_then(|t| *t) {
+            f.gauge(
+                "skewgate_control_last_publish_timestamp_seconds",
+                "When the last snapshot was published.",
+                unix_seconds(t),
             );
         }
-        out
+        f
     }
 }
 

@@ -4,7 +4,7 @@
 //! Watch errors (RBAC, a broken connection, 410 Gone) are retried by kube-runtime with its
 //! default backoff, counted and logged; the last view stays meanwhile.
 
-use std::fmt::Write as _;
+use crate::metrics::Families;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -47,28 +47,23 @@ impl SharedStorageMetrics {
         .load(Ordering::Relaxed)
     }
 
-    /// The Prometheus text exposition of these metrics.
-    pub fn render(&self) -> String {
-        let mut out = String::from(
-            "# HELP skewgate_shared_storage_watch_errors_total Errors of the CRD and APIService watches (they retry with backoff).\n\
-             # TYPE skewgate_shared_storage_watch_errors_total counter\n",
+    /// These metrics, for `/metrics`.
+    pub fn families(&self) -> Families {
+        let mut f = Families::new();
+        f.counters(
+            "skewgate_shared_storage_watch_errors_total",
+            "Errors of the CRD and APIService watches (they retry with backoff).",
+            &["resource"],
+            [Kind::CustomResourceDefinitions, Kind::APIServices]
+                .iter()
+                .map(|k| ([k.label()], self.errors_total(*k))),
         );
-        for kind in [Kind::CustomResourceDefinitions, Kind::APIServices] {
-            let _ = writeln!(
-                out,
-                "skewgate_shared_storage_watch_errors_total{{resource=\"{}\"}} {}",
-                kind.label(),
-                self.errors_total(kind)
-            );
-        }
-        let _ = write!(
-            out,
-            "# HELP skewgate_shared_storage_group_versions Group-versions served from shared storage (CRDs, service-backed APIServices), never routed to peers.\n\
-             # TYPE skewgate_shared_storage_group_versions gauge\n\
-             skewgate_shared_storage_group_versions {}\n",
-            self.group_versions.load(Ordering::Relaxed)
+        f.gauge(
+            "skewgate_shared_storage_group_versions",
+            "Group-versions served from shared storage (CRDs, service-backed APIServices), never routed to peers.",
+            self.group_versions.load(Ordering::Relaxed) as f64,
         );
-        out
+        f
     }
 }
 

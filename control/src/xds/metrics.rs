@@ -1,12 +1,19 @@
-//! Counters of the xDS server, kept as atomics and rendered in the Prometheus text format.
+//! Counters of the xDS server, kept as atomics and listed as metric families when scraped.
 //!
 //! - `skewgate_xds_nacks_total{type_url}`: responses Envoy refused. Each refused version is
 //!   counted once: it is never pushed again (the next push comes with the next snapshot).
+//! - `skewgate_xds_acks_total{type_url}`: responses Envoy accepted.
 //! - `skewgate_xds_responses_total{type_url}`: responses sent.
+//! - `skewgate_xds_last_push_timestamp_seconds{type_url}`, `..._last_ack_...`: when the last
+//!   response was sent and accepted; `skewgate_xds_push_age_seconds{type_url}`: how long ago
+//!   the last one was sent.
 //! - `skewgate_xds_streams`: ADS streams open now.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::SystemTime;
+
+use crate::metrics::{unix_seconds, Families};
 
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
 
@@ -16,7 +23,10 @@ const TYPE_URLS: [&str; 2] = [CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL];
 #[derive(Debug, Default)]
 struct PerType {
     nacks: AtomicU64,
+    acks: AtomicU64,
     responses: AtomicU64,
+    last_push: Mutex<Option<SystemTime>>,
+    last_ack: Mutex<Option<SystemTime>>,
 }
 
 /// The server's counters; share one `Arc<XdsMetrics>` between the server and `/metrics`.
@@ -51,6 +61,18 @@ impl XdsMetrics {
     pub(crate) fn sent(&self, type_url: &str) {
         if let Some(slot) = self.slot(type_url) {
             slot.responses.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut t) = slot.last_push.lock() {
+                *t = Some(SystemTime::now());
+            }
+        }
+    }
+
+    pub(crate) fn acked(&self, type_url: &str) {
+        if let Some(slot) = self.slot(type_url) {
+            slot.acks.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut t) = slot.last_ack.lock() {
+                *t = Some(SystemTime::now());
+            }
         }
     }
 
@@ -84,29 +106,70 @@ impl XdsMetrics {
         self.last_nack.lock().ok().and_then(|l| l.clone())
     }
 
-    /// The Prometheus text exposition of these counters.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        out.push_str("# HELP skewgate_xds_nacks_total xDS responses Envoy refused (NACKed).\n");
-        out.push_str("# TYPE skewgate_xds_nacks_total counter\n");
-        for t in TYPE_URLS {
-            out.push_str(&format!(
-                "skewgate_xds_nacks_total{{type_url=\"{t}\"}} {}\n",
-                self.nacks(t)
-            ));
-        }
-        out.push_str("# HELP skewgate_xds_responses_total xDS responses sent.\n");
-        out.push_str("# TYPE skewgate_xds_responses_total counter\n");
-        for t in TYPE_URLS {
-            out.push_str(&format!(
-                "skewgate_xds_responses_total{{type_url=\"{t}\"}} {}\n",
-                self.responses(t)
-            ));
-        }
-        out.push_str("# HELP skewgate_xds_streams ADS streams open.\n");
-        out.push_str("# TYPE skewgate_xds_streams gauge\n");
-        out.push_str(&format!("skewgate_xds_streams {}\n", self.streams()));
-        out
+    /// These metrics, for `/metrics`.
+    pub fn families(&self) -> Families {
+        let now = SystemTime::now();
+        let per_type = |f: &dyn Fn(&PerType) -> Option<f64>| {
+            TYPE_URLS
+                .iter()
+                .zip(&self.per_type)
+                .filter_map(|(t, slot)| Some(([*t], f(slot)?)))
+                .collect::<Vec<_>>()
+        };
+        let count = |f: fn(&PerType) -> &AtomicU64| {
+            TYPE_URLS
+                .iter()
+                .zip(&self.per_type)
+                .map(|(t, slot)| ([*t], f(slot).load(Ordering::Relaxed)))
+                .collect::<Vec<_>>()
+        };
+        let time = |m: &Mutex<Option<SystemTime>>| m.lock().ok().and_then(|t| *t);
+        let mut f = Families::new();
+        f.counters(
+            "skewgate_xds_nacks_total",
+            "xDS responses Envoy refused (NACKed).",
+            &["type_url"],
+            count(|s| &s.nacks),
+        );
+        f.counters(
+            "skewgate_xds_acks_total",
+            "xDS responses Envoy accepted (ACKed).",
+            &["type_url"],
+            count(|s| &s.acks),
+        );
+        f.counters(
+            "skewgate_xds_responses_total",
+            "xDS responses sent.",
+            &["type_url"],
+            count(|s| &s.responses),
+        );
+        f.gauges(
+            "skewgate_xds_last_push_timestamp_seconds",
+            "When the last xDS response of this type was sent.",
+            &["type_url"],
+            per_type(&|s| time(&s.last_push).map(unix_seconds)),
+        );
+        f.gauges(
+            "skewgate_xds_last_ack_timestamp_seconds",
+            "When Envoy last accepted an xDS response of this type.",
+            &["type_url"],
+            per_type(&|s| time(&s.last_ack).map(unix_seconds)),
+        );
+        f.gauges(
+            "skewgate_xds_push_age_seconds",
+            "Seconds since the last xDS response of this type was sent.",
+            &["type_url"],
+            per_type(&|s| {
+                let t = time(&s.last_push)?;
+                Some(now.duration_since(t).unwrap_or_default().as_secs_f64())
+            }),
+        );
+        f.gauge(
+            "skewgate_xds_streams",
+            "ADS streams open.",
+            self.streams() as f64,
+        );
+        f
     }
 }
 
@@ -121,15 +184,25 @@ mod tests {
         m.sent(CLUSTER_TYPE_URL);
         m.sent(CLUSTER_TYPE_URL);
         m.nacked("type.googleapis.com/unknown", "ignored in counters");
+        m.acked(CLUSTER_TYPE_URL);
         assert_eq!(m.nacks(EXTENSION_CONFIG_TYPE_URL), 1);
         assert_eq!(m.nacks(CLUSTER_TYPE_URL), 0);
         assert_eq!(m.responses(CLUSTER_TYPE_URL), 2);
-        let text = m.render();
+        let text = crate::metrics::encode(&m.families());
         assert!(text.contains(&format!(
             "skewgate_xds_nacks_total{{type_url=\"{EXTENSION_CONFIG_TYPE_URL}\"}} 1\n"
         )));
         assert!(text.contains(&format!(
             "skewgate_xds_responses_total{{type_url=\"{CLUSTER_TYPE_URL}\"}} 2\n"
+        )));
+        assert!(text.contains(&format!(
+            "skewgate_xds_acks_total{{type_url=\"{CLUSTER_TYPE_URL}\"}} 1\n"
+        )));
+        assert!(text.contains(&format!(
+            "skewgate_xds_push_age_seconds{{type_url=\"{CLUSTER_TYPE_URL}\"}} "
+        )));
+        assert!(!text.contains(&format!(
+            "skewgate_xds_push_age_seconds{{type_url=\"{EXTENSION_CONFIG_TYPE_URL}\"}}"
         )));
     }
 }

@@ -182,6 +182,7 @@ impl StreamTask {
         let type_url = request.type_url.as_str();
         match received {
             Received::Ack => {
+                self.metrics.acked(type_url);
                 tracing::debug!(stream = self.id, type_url, nonce = %request.response_nonce, "ACK");
             }
             Received::Nack { message, refused } => {
