@@ -22,9 +22,9 @@ use axum::routing::get;
 use axum::Router;
 use serde::Deserialize;
 
-use crate::skew_page;
 use crate::envoy::admin::{AdminAddress, FILTER_STATS};
 use crate::metrics::{encode, Families};
+use crate::skew_page;
 
 /// What the endpoints show.
 pub struct Health {
