@@ -567,7 +567,7 @@ async fn a_local_apiserver_restarted_without_a_resource_gives_503_not_404() -> R
     assert_eq!(resp.text().await?, "404 page not found\n");
     assert_eq!(
         envoy
-            .stat("wasmcustom.skewgate_not_served_404_total")
+            .stat("wasmcustom.skewgate_not_served_404_total;group=resource.k8s.io;version=v1beta2;resource=resourceclaims")
             .await?,
         2
     );
@@ -639,7 +639,7 @@ async fn a_retained_resource_is_answered_503_by_the_filter() -> Result<()> {
     assert_eq!(resp.status(), 200);
     assert_eq!(
         edited
-            .stat("wasmcustom.skewgate_retained_unavailable_total")
+            .stat("wasmcustom.skewgate_retained_unavailable_total;group=resource.k8s.io;version=v1beta2;resource=resourceclaims")
             .await?,
         1
     );
