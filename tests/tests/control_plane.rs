@@ -2406,7 +2406,7 @@ async fn one_scrape_has_both_planes_with_upstreams_names_and_bounded_labels() ->
     }
     // Merged discovery: a hit, a miss (protobuf only: not answered from the merged
     // documents) and a no-peer request.
-    assert_eq!(apis(&envoy).await?.1.contains("resource.k8s.io"), true);
+    assert!(apis(&envoy).await?.1.contains("resource.k8s.io"));
     let protobuf =
         "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
     get_accept(&envoy, "/apis", protobuf).await?;
