@@ -206,14 +206,17 @@ impl<H: Host> Request<H> {
         );
         let replacement = match decision {
             ResponseDecision::Pass => {
-                if let Some(counter) = self.response.rerouted(code) {
+                if let Some(counter) = self.response.rerouted(&self.config.compiled, code) {
                     count(&mut self.host, &self.config, counter);
                 }
                 return Ok(());
             }
             ResponseDecision::Replace(replacement) => replacement,
         };
-        if let Some(counter) = self.response.rerouted(replacement.status) {
+        if let Some(counter) = self
+            .response
+            .rerouted(&self.config.compiled, replacement.status)
+        {
             count(&mut self.host, &self.config, counter);
         }
         if let Some(counter) = replacement.counter {

@@ -377,9 +377,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
             return unavailable(method, path, info, decision.reason, compiled);
         }
     };
-    let served = by
-        .zip(info)
-        .map(|(by, info)| Served::new(by, info, &compiled.labels));
+    let served = by.zip(info).map(|(by, info)| Served::new(by, info));
     RequestPlan::Forward(Forward {
         method,
         path,
@@ -493,13 +491,17 @@ pub struct Served {
     /// `attach`, `log` and `portforward` subresources): a `404 page not found` there may be
     /// the pod's or the kubelet's, not the apiserver's.
     pub relayed: bool,
-    /// Its group/version/resource as a counter label (bounded by the configuration).
-    pub label: GvrLabel,
 }
 
 impl Served {
-    fn new(by: ServedBy, info: RequestInfo, labels: &MetricLabels) -> Self {
-        let label = labels.of(&info.api_group, &info.api_version, &info.resource);
+    /// Its group/version/resource as a counter label, bounded by the configuration. Looked
+    /// up only when a counter needs it: most requests are served locally and count nothing.
+    pub fn label(&self, labels: &MetricLabels) -> GvrLabel {
+        let gv = &self.target.group_version;
+        labels.of(&gv.group, &gv.version, &self.target.resource)
+    }
+
+    fn new(by: ServedBy, info: RequestInfo) -> Self {
         let relayed = info.verb == "proxy"
             || matches!(
                 info.subresource.as_str(),
@@ -509,7 +511,6 @@ impl Served {
             by,
             target: Target::of(info),
             relayed,
-            label,
         }
     }
 }
@@ -593,13 +594,12 @@ pub fn status_code(status: Option<&[u8]>) -> u16 {
 impl ResponsePlan {
     /// The counter of a request routed to a peer, once its response starts: `code` is the
     /// status the client gets (after any replacement), as upstream counts it.
-    pub fn rerouted(&self, code: u16) -> Option<Counter> {
+    pub fn rerouted(&self, compiled: &CompiledConfig, code: u16) -> Option<Counter> {
         match &self.served {
-            Some(Served {
-                by: ServedBy::Peer,
-                label,
-                ..
-            }) => Some(Counter::Rerouted { code, gvr: *label }),
+            Some(served) if served.by == ServedBy::Peer => Some(Counter::Rerouted {
+                code,
+                gvr: served.label(&compiled.labels),
+            }),
             _ => None,
         }
     }
@@ -644,18 +644,19 @@ impl ResponsePlan {
         if code < 400 {
             return ResponseDecision::Pass;
         }
-        if let Some(replacement) = self.not_served(code, details, content_type) {
+        if let Some(replacement) = self.not_served(compiled, code, details, content_type) {
             return ResponseDecision::Replace(replacement);
         }
         // Formatted only for a reply Envoy made for a peer-bound request.
         let peer_target = match &self.served {
-            Some(Served {
-                by: ServedBy::Peer,
-                target,
-                label,
-                ..
-            }) if !details.is_empty() && details != local_reply::VIA_UPSTREAM => {
-                Some((target.to_string(), *label))
+            Some(
+                served @ Served {
+                    by: ServedBy::Peer,
+                    target,
+                    ..
+                },
+            ) if !details.is_empty() && details != local_reply::VIA_UPSTREAM => {
+                Some((target.to_string(), served.label(&compiled.labels)))
             }
             _ => None,
         };
@@ -689,6 +690,7 @@ impl ResponsePlan {
     /// `404 page not found`.
     fn not_served<'c>(
         &self,
+        compiled: &CompiledConfig,
         code: u16,
         details: &str,
         content_type: Option<&[u8]>,
@@ -714,7 +716,9 @@ impl ResponsePlan {
                 HeaderOp::Set("retry-after", Cow::Borrowed(status::RETRY_AFTER)),
             ],
             body: ReplacementBody::Status(rewrite.body),
-            counter: Some(Counter::NotServed { gvr: served.label }),
+            counter: Some(Counter::NotServed {
+                gvr: served.label(&compiled.labels),
+            }),
         })
     }
 
@@ -940,7 +944,7 @@ mod tests {
             assert!(matches!(f.route, Route::Table(_)), "{path}");
             // A peer-bound request is counted when its response starts, with the status the
             // client gets and the resource (never the subresource) as labels.
-            let rerouted = f.response.rerouted(201).map(|k| k.stat_name(&c.labels));
+            let rerouted = f.response.rerouted(&c, 201).map(|k| k.stat_name(&c.labels));
             let want = match path {
                 CLAIM => Some("apiserver_rerouted_request_total;code=201;group=resource.k8s.io;version=v1beta2;resource=resourceclaims"),
                 RESIZE => Some("apiserver_rerouted_request_total;code=201;group=;version=v1;resource=pods"),
@@ -1107,7 +1111,6 @@ mod tests {
                     subresource: String::new(),
                 },
                 relayed: false,
-                label: GvrLabel::OTHER,
             }),
         };
         let local = ResponsePlan::default();
