@@ -2350,6 +2350,19 @@ fn queried_metrics() -> Result<BTreeSet<String>> {
     }
     walk(&dashboard, &mut exprs);
     let dashboard_exprs = exprs.len();
+    // The rules are a valid Prometheus rule file (promtool from Debian's prometheus,
+    // scripts/setup).
+    let out = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(dir.join("alerts.yaml"))
+        .output()
+        .context("promtool (Debian's prometheus package; scripts/setup installs it)")?;
+    assert!(
+        out.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rules = std::fs::read_to_string(dir.join("alerts.yaml"))?;
     exprs.extend(
         rules
