@@ -13,7 +13,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::envoy::admin::AdminAddress;
 use crate::envoy::{Address, ServingTls, UpstreamTls};
 use crate::local_channels::{
     LocalChannels, DEFAULT_ADMIN_PORT, DEFAULT_SOCKET_DIR, DEFAULT_XDS_ADDRESS,
@@ -128,28 +127,6 @@ pub fn parse_listen_address(s: &str) -> Result<Address, FlagError> {
 pub fn parse_socket_address(s: &str) -> Result<SocketAddr, FlagError> {
     s.parse()
         .map_err(|_| FlagError::value(s, "not ip:port (a numeric address)"))
-}
-
-/// Envoy's admin interface: `unix:PATH` (absolute) or a loopback `IP:PORT`. Admin can drain
-/// listeners and dump configuration, so it is never reached over the network.
-pub fn parse_envoy_admin(s: &str) -> Result<AdminAddress, FlagError> {
-    if let Some(path) = s.strip_prefix("unix:") {
-        let path = PathBuf::from(path);
-        if !path.is_absolute() {
-            return Err(FlagError::value(s, "unix: needs an absolute socket path"));
-        }
-        return Ok(AdminAddress::Unix(path));
-    }
-    let address: SocketAddr = s
-        .parse()
-        .map_err(|_| FlagError::value(s, "not unix:PATH or a numeric IP:PORT"))?;
-    if !address.ip().is_loopback() {
-        return Err(FlagError::value(
-            s,
-            "Envoy admin is reached on loopback only (or a Unix socket)",
-        ));
-    }
-    Ok(AdminAddress::Tcp(address))
 }
 
 /// A CIDR (`10.0.0.0/24`, `fd00::/64`; a bare address is a /32 or /128).
@@ -449,22 +426,6 @@ impl UpstreamTlsFlags {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn envoy_admin_is_a_unix_socket_or_loopback() {
-        assert_eq!(
-            parse_envoy_admin("unix:/run/skewgate/envoy-admin.sock"),
-            Ok(AdminAddress::Unix("/run/skewgate/envoy-admin.sock".into()))
-        );
-        assert_eq!(
-            parse_envoy_admin("127.0.0.1:9901"),
-            Ok(AdminAddress::Tcp("127.0.0.1:9901".parse().unwrap()))
-        );
-        assert!(parse_envoy_admin("[::1]:9901").is_ok());
-        for bad in ["unix:relative.sock", "10.0.0.1:9901", "localhost:9901", ""] {
-            assert!(parse_envoy_admin(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn durations_like_kube_flags() {

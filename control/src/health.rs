@@ -4,8 +4,8 @@
 //! - `/readyz`: 200 only after the first complete sync was published to Envoy, 503 with the
 //!   reasons before;
 //! - `/metrics`: Prometheus text (peers, discovery, xDS, shared storage, the orchestrator),
-//!   followed, with `--envoy-admin`, by the filter's counters read from Envoy's admin
-//!   interface at each scrape: one scrape per node has both planes;
+//!   followed by the filter's counters read from Envoy's admin interface (the local channels,
+//!   `--socket-dir`) at each scrape: one scrape per node has both planes;
 //! - `/debug/skew`: the skew matrix as JSON, which apiserver serves which group-version-resource
 //!   and where requests for it go (`?all=true` lists uniformly served ones too); a browser
 //!   (`Accept` preferring `text/html`) gets the same document as a page ([`crate::skew_page`]).
@@ -22,7 +22,8 @@ use axum::routing::get;
 use axum::Router;
 use serde::Deserialize;
 
-use crate::envoy::admin::{AdminAddress, FILTER_STATS};
+use crate::envoy::admin::{self, FILTER_STATS};
+use crate::local_channels::LocalChannel;
 use crate::metrics::{encode, Families};
 use crate::skew_page;
 
@@ -32,8 +33,9 @@ pub struct Health {
     pub ready: Box<dyn Fn() -> Result<Vec<String>, Vec<String>> + Send + Sync>,
     /// Every metric of the control plane.
     pub metrics: Box<dyn Fn() -> Families + Send + Sync>,
-    /// Where the filter's counters are read (`--envoy-admin`).
-    pub envoy_admin: Option<AdminAddress>,
+    /// Envoy's admin interface, where the filter's counters are read (the local channels';
+    /// `None` on a TCP port the kernel chose).
+    pub envoy_admin: Option<LocalChannel>,
     /// The skew matrix (and apiserver status) as JSON; the flag asks for everything.
     pub skew: Box<dyn Fn(bool) -> serde_json::Value + Send + Sync>,
 }
@@ -79,7 +81,7 @@ async fn readyz(State(h): State<Arc<Health>>) -> Response {
 async fn metrics(State(h): State<Arc<Health>>) -> Response {
     let mut families = (h.metrics)();
     let envoy = match &h.envoy_admin {
-        Some(admin) => Some(admin.get(FILTER_STATS).await),
+        Some(channel) => Some(admin::get(channel, FILTER_STATS).await),
         None => None,
     };
     if let Some(result) = &envoy {

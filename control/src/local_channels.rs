@@ -116,6 +116,15 @@ impl LocalChannels {
         }
     }
 
+    /// Envoy's admin interface as the control plane reaches it (for the filter's counters):
+    /// `None` on TCP port 0, which the kernel chose and nobody told us.
+    pub fn envoy_admin(&self) -> Option<&LocalChannel> {
+        match &self.admin {
+            LocalChannel::Tcp(address) if address.port() == 0 => None,
+            channel => Some(channel),
+        }
+    }
+
     /// Envoy's admin interface.
     pub fn admin(&self) -> &LocalChannel {
         &self.admin
@@ -216,6 +225,22 @@ fn remove_stale(path: &Path) -> Result<(), LocalChannelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_control_plane_reads_envoy_admin_where_it_is_known() {
+        let unix = LocalChannels::unix(Path::new("/run/skewgate")).expect("unix");
+        assert_eq!(
+            unix.envoy_admin(),
+            Some(&LocalChannel::Unix("/run/skewgate/envoy-admin.sock".into()))
+        );
+        let tcp = LocalChannels::tcp(9901, DEFAULT_XDS_ADDRESS);
+        assert_eq!(tcp.envoy_admin(), Some(tcp.admin()));
+        // Port 0: the kernel chose Envoy's port, the control plane cannot know it.
+        assert_eq!(
+            LocalChannels::tcp(0, DEFAULT_XDS_ADDRESS).envoy_admin(),
+            None
+        );
+    }
 
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).expect("metadata").mode() & 0o7777

@@ -169,14 +169,6 @@ impl Control {
         })
     }
 
-    /// `--envoy-admin` at Envoy's admin socket: `/metrics` carries the filter's counters.
-    fn with_envoy_admin(mut self) -> Result<Self> {
-        let socket = self.socket_dir.join("envoy-admin.sock");
-        self.args
-            .push(format!("--envoy-admin=unix:{}", socket.display()).into());
-        Ok(self)
-    }
-
     /// Start it and wait until it answers `/healthz` (not until it is ready).
     async fn start(&mut self) -> Result<()> {
         let log = std::fs::OpenOptions::new()
@@ -2410,7 +2402,9 @@ async fn one_scrape_has_both_planes_with_upstreams_names_and_bounded_labels() ->
     let mut b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
     // A grace long enough that b, killed, is still live when the next request for its API
     // comes: Envoy cannot reach it (a peer proxy error); after the grace its API is retained.
-    let mut control = Control::new(&a, dir.path(), &["--lease-grace=10s"])?.with_envoy_admin()?;
+    // Envoy's admin socket is in the control plane's --socket-dir: it reads the filter's
+    // counters there.
+    let mut control = Control::new(&a, dir.path(), &["--lease-grace=10s"])?;
     let envoy = start_routed_to_b(&mut control).await?;
 
     // Rerouted: v1beta2 resourceclaims are b's only.

@@ -1,9 +1,7 @@
-//! A client for Envoy's admin interface, on a Unix socket or on loopback TCP (`--envoy-admin`):
-//! the control plane reads the filter's counters from it so that one scrape of its `/metrics`
-//! carries the data plane's metrics too.
+//! A client for Envoy's admin interface, on its Unix socket or on loopback TCP (the local
+//! channels, `crate::local_channels`): the control plane reads the filter's counters from it so
+//! that one scrape of its `/metrics` carries the data plane's metrics too.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Limited};
@@ -12,23 +10,7 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-/// Where Envoy's admin interface listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AdminAddress {
-    /// `unix:PATH`.
-    Unix(PathBuf),
-    /// `IP:PORT`, loopback only (admin can drain listeners and dump configuration).
-    Tcp(SocketAddr),
-}
-
-impl std::fmt::Display for AdminAddress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AdminAddress::Unix(path) => write!(f, "unix:{}", path.display()),
-            AdminAddress::Tcp(address) => write!(f, "{address}"),
-        }
-    }
-}
+use crate::local_channels::LocalChannel;
 
 /// Why a request to the admin interface failed.
 #[derive(Debug, thiserror::Error)]
@@ -55,35 +37,36 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 /// and turns the labels in their names into labels, envoy/bootstrap.yaml `stats_tags`).
 pub const FILTER_STATS: &str = "/stats/prometheus?filter=%5Ewasmcustom%5C.";
 
-impl AdminAddress {
-    /// GET `path_and_query`: the body of a 200.
-    pub async fn get(&self, path_and_query: &str) -> Result<String, AdminError> {
-        let address = self.to_string();
-        match tokio::time::timeout(TIMEOUT, self.get_inner(path_and_query)).await {
-            Ok(result) => result,
-            Err(_) => Err(AdminError::Timeout { address }),
-        }
+/// GET `path_and_query` on Envoy's admin interface at `admin`: the body of a 200.
+pub async fn get(admin: &LocalChannel, path_and_query: &str) -> Result<String, AdminError> {
+    let address = admin.to_string();
+    match tokio::time::timeout(TIMEOUT, get_inner(admin, path_and_query, &address)).await {
+        Ok(result) => result,
+        Err(_) => Err(AdminError::Timeout { address }),
     }
+}
 
-    async fn get_inner(&self, path_and_query: &str) -> Result<String, AdminError> {
-        let address = self.to_string();
-        let connect = |source| AdminError::Connect {
-            address: address.clone(),
-            source,
-        };
-        match self {
-            AdminAddress::Unix(path) => {
-                let stream = tokio::net::UnixStream::connect(path)
-                    .await
-                    .map_err(connect)?;
-                request(stream, path_and_query, &address).await
-            }
-            AdminAddress::Tcp(socket) => {
-                let stream = tokio::net::TcpStream::connect(socket)
-                    .await
-                    .map_err(connect)?;
-                request(stream, path_and_query, &address).await
-            }
+async fn get_inner(
+    admin: &LocalChannel,
+    path_and_query: &str,
+    address: &str,
+) -> Result<String, AdminError> {
+    let connect = |source| AdminError::Connect {
+        address: address.to_string(),
+        source,
+    };
+    match admin {
+        LocalChannel::Unix(path) => {
+            let stream = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(connect)?;
+            request(stream, path_and_query, address).await
+        }
+        LocalChannel::Tcp(socket) => {
+            let stream = tokio::net::TcpStream::connect(socket)
+                .await
+                .map_err(connect)?;
+            request(stream, path_and_query, address).await
         }
     }
 }
@@ -157,11 +140,11 @@ mod tests {
     #[tokio::test]
     async fn gets_over_tcp_and_unix_sockets() {
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let admin = AdminAddress::Tcp(tcp.local_addr().unwrap());
+        let admin = LocalChannel::Tcp(tcp.local_addr().unwrap());
         let server = tokio::spawn(async move {
             answer(async { tcp.accept().await.map(|(s, _)| s) }, "a 1\n").await
         });
-        assert_eq!(admin.get(FILTER_STATS).await.unwrap(), "a 1\n");
+        assert_eq!(get(&admin, FILTER_STATS).await.unwrap(), "a 1\n");
         assert_eq!(
             server.await.unwrap(),
             format!("GET {FILTER_STATS} HTTP/1.1")
@@ -170,22 +153,22 @@ mod tests {
         let dir = tempfile_dir();
         let path = dir.join("admin.sock");
         let unix = tokio::net::UnixListener::bind(&path).unwrap();
-        let admin = AdminAddress::Unix(path.clone());
+        let admin = LocalChannel::Unix(path.clone());
         let server = tokio::spawn(async move {
             answer(async { unix.accept().await.map(|(s, _)| s) }, "b 2\n").await
         });
-        assert_eq!(admin.get("/ready").await.unwrap(), "b 2\n");
+        assert_eq!(get(&admin, "/ready").await.unwrap(), "b 2\n");
         assert_eq!(server.await.unwrap(), "GET /ready HTTP/1.1");
         let _ = std::fs::remove_dir_all(&dir);
 
         // Nobody listening: a typed error naming the address.
-        let gone = AdminAddress::Unix(path);
-        let err = gone.get("/ready").await.unwrap_err();
+        let gone = LocalChannel::Unix(path);
+        let err = get(&gone, "/ready").await.unwrap_err();
         assert!(matches!(err, AdminError::Connect { .. }), "{err}");
         assert!(err.to_string().contains("unix:"), "{err}");
     }
 
-    fn tempfile_dir() -> PathBuf {
+    fn tempfile_dir() -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("skewgate-admin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir

@@ -188,7 +188,7 @@ async fn run_async(config: RunConfig) -> Result<()> {
                 f.extend(sm.families());
                 f
             }),
-            envoy_admin: config.envoy_admin.clone(),
+            envoy_admin: config.local_channels.envoy_admin().cloned(),
             skew: Box::new(move |all| s2.skew_json(all)),
         })
     };

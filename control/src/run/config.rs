@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::envoy::admin::AdminAddress;
 use crate::envoy::UpstreamTls;
 use crate::flags::{
     absolute, parse_duration, parse_local_url, parse_socket_address, sds_dir, FlagError,
@@ -85,11 +84,6 @@ pub struct RunArgs {
     /// Where to serve /healthz, /readyz, /metrics and /debug/skew.
     #[arg(long, default_value = "127.0.0.1:18001", value_parser = parse_socket_address, value_name = "IP:PORT")]
     pub health_listen: SocketAddr,
-    /// Envoy's admin interface (`unix:PATH` or a loopback `IP:PORT`): `/metrics` carries the
-    /// filter's counters read from it, so one scrape per node has both planes. Without it,
-    /// `/metrics` has the control plane's metrics only.
-    #[arg(long, value_parser = crate::flags::parse_envoy_admin, value_name = "unix:PATH|IP:PORT")]
-    pub envoy_admin: Option<AdminAddress>,
     /// skewgate_filter.wasm as Envoy sees it (absolute path).
     #[arg(long, value_name = "PATH")]
     pub wasm: PathBuf,
@@ -133,7 +127,6 @@ pub struct RunConfig {
     /// Envoy's admin interface and the xDS server.
     pub local_channels: LocalChannels,
     pub health_listen: SocketAddr,
-    pub envoy_admin: Option<AdminAddress>,
     pub wasm: PathBuf,
     pub initial_sync_timeout: Duration,
     pub discovery_refresh_interval: Duration,
@@ -228,7 +221,6 @@ impl RunArgs {
             sds_dir,
             local_channels,
             health_listen: self.health_listen,
-            envoy_admin: self.envoy_admin.clone(),
             wasm: self.wasm.clone(),
             initial_sync_timeout: self.initial_sync_timeout,
             discovery_refresh_interval: self.discovery_refresh_interval,
