@@ -1583,7 +1583,7 @@ mod tests {
             let h = headers("GET", path, extra);
             let f = forward(plan_request(&h, None, &c));
             assert_eq!(f.cluster, want, "{path}");
-            assert_eq!(f.response.rerouted(200), None, "{path}");
+            assert_eq!(f.response.rerouted(&c, 200), None, "{path}");
         }
         // The hygiene and identity still apply.
         let h = headers("GET", "/api/v1/pods", &[("x-remote-user", b"admin")]);
