@@ -53,7 +53,7 @@ impl RootContext for Root {
                 // the control plane did not configure it within the wait.
                 if let Some(mode) = compiled.fallback {
                     log::warn!(
-                        "skewgate: FALLBACK configuration ({}) loaded: used while the control plane has not configured this Envoy; requests go to the local apiserver only and discovery is its own until the control plane's first configuration replaces it",
+                        "skewgate: FALLBACK configuration ({}) loaded: used while the control plane has not configured this Envoy, until its first configuration replaces it",
                         mode.as_str()
                     );
                 }

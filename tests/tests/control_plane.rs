@@ -1516,6 +1516,130 @@ async fn envoy_serves_local_only_without_its_control_plane_then_the_live_configu
     Ok(())
 }
 
+/// The fallback with a kept configuration: an Envoy that the control plane configured once,
+/// restarted while the control plane is gone, serves what the control plane last saw it
+/// acknowledge (kept in `run --state-dir`, rendered by `bootstrap --state-dir`): the peer-only
+/// resource still goes to the peer, not to the local apiserver's 503 or 404. Then the control
+/// plane's configuration replaces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_restarted_without_its_control_plane_serves_the_last_acknowledged_configuration(
+) -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let pki = TestPki::generate()?;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let state = dir.path().join("state");
+    let a =
+        SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd).with_pki(&pki)).await?;
+    let _b =
+        SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd).with_pki(&pki)).await?;
+    let mut control = Control::secure(&a, dir.path(), &pki)?;
+    control
+        .args
+        .push(format!("--state-dir={}", state.display()).into());
+    let bootstrap = [
+        "--control-plane-wait=2s".to_string(),
+        format!("--state-dir={}", state.display()),
+        format!("--wasm={}", wasm_path()?.display()),
+        format!("--local-apiserver-url={}", a.url()),
+        format!("--peer-ca-file={}", pki.cluster_ca.cert_file.display()),
+        format!(
+            "--proxy-client-cert-file={}",
+            pki.front_proxy_client.cert_file.display()
+        ),
+        format!(
+            "--proxy-client-key-file={}",
+            pki.front_proxy_client.key_file.display()
+        ),
+    ];
+    let bob = TEST_TOKENS[0];
+    let plain = pki.client(None)?;
+    let claims_from = |envoy: &Envoy| {
+        let (plain, envoy_url) = (plain.clone(), url(envoy, CLAIMS));
+        async move {
+            let resp = plain.get(envoy_url).bearer_auth(bob.token).send().await?;
+            Ok::<_, anyhow::Error>((resp.status().as_u16(), header(&resp, "x-sim-apiserver")))
+        }
+    };
+
+    // Configured once by the control plane: routed to b, and the configuration kept.
+    control.start().await?;
+    let envoy = live_envoy_with(&control, Some(&pki), None, &bootstrap).await?;
+    eventually("routed to b", Duration::from_secs(30), || async {
+        Ok((claims_from(&envoy).await? == (200, "apiserver-b".to_string())).then_some(()))
+    })
+    .await
+    .with_context(|| control.log())?;
+    let kept = state.join("last-acknowledged.json");
+    eventually(
+        "the acknowledged configuration kept",
+        Duration::from_secs(10),
+        || async { Ok(kept.exists().then_some(())) },
+    )
+    .await
+    .with_context(|| control.log())?;
+
+    // Both gone; Envoy restarts alone.
+    control.kill().await?;
+    drop(envoy);
+    let mut envoy = live_envoy_with(&control, Some(&pki), None, &bootstrap).await?;
+    envoy.wait_ready().await.context("Envoy opened no port")?;
+    let (_, took) = eventually(
+        "the peer-only resource still from b",
+        Duration::from_secs(30),
+        || async {
+            Ok(
+                (claims_from(&envoy).await.ok() == Some((200, "apiserver-b".to_string())))
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+    .with_context(|| envoy.log())?;
+    eprintln!("last acknowledged: served from b {took:?} after Envoy's admin was up (wait: 2 s)");
+    assert_eq!(
+        envoy
+            .stat("wasmcustom.skewgate_fallback_configuration")
+            .await?,
+        1
+    );
+    eventually("the fallback logged", Duration::from_secs(30), || async {
+        Ok(envoy
+            .log()
+            .contains("FALLBACK configuration (last-acknowledged)")
+            .then_some(()))
+    })
+    .await?;
+    // Served locally as before: the local clusters are the static ones.
+    let resp = plain
+        .get(url(&envoy, DEPLOYMENTS))
+        .bearer_auth(bob.token)
+        .send()
+        .await?;
+    assert_eq!(
+        (resp.status().as_u16(), header(&resp, "x-sim-apiserver")),
+        (200, "apiserver-a".to_string())
+    );
+
+    // The control plane returns: its configuration replaces the fallback.
+    control.start().await?;
+    eventually(
+        "the live configuration",
+        Duration::from_secs(30),
+        || async {
+            Ok((envoy
+                .stat("wasmcustom.skewgate_fallback_configuration")
+                .await?
+                == 0)
+                .then_some(()))
+        },
+    )
+    .await
+    .with_context(|| control.log())?;
+    assert_eq!(claims_from(&envoy).await?, (200, "apiserver-b".to_string()));
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_everywhere_with_the_three_upstream_identities() -> Result<()> {
     let _serial = SERIAL.lock().await;

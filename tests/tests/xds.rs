@@ -61,7 +61,7 @@ impl XdsServer {
     ) -> Result<Self> {
         let listener = local_channels::bind_unix(socket)?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(xds::serve(listener, snapshots, metrics, async move {
+        let task = tokio::spawn(xds::serve(listener, snapshots, metrics, None, async move {
             let _ = stopped.await;
         }));
         Ok(XdsServer {
@@ -290,6 +290,7 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
         clusters: good.clusters.clone(),
         extension_configs: Snapshot::new([], [filter_extension_config(wasm, &bad_json)])
             .extension_configs,
+        acknowledged: None,
     });
     publisher.send_replace(Some(bad.clone()));
     wait_until(

@@ -533,6 +533,7 @@ mod tests {
             local: &local,
             upstream_sds: None,
             local_apiserver: "cp-1",
+            acknowledged: None,
         };
         let render = |config_source, fallback| {
             Bootstrap {

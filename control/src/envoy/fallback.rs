@@ -10,9 +10,19 @@
 //! apiserver in the bootstrap ([`static_clusters`], named [`FALLBACK_LOCAL_CLUSTER`]`-*`: CDS
 //! does not replace a static cluster of the same name, so the live `skewgate-local-*` clusters
 //! stay CDS's). The control plane's first filter configuration replaces it as usual.
+//!
+//! Better than local-only is what the control plane last saw Envoy acknowledge: `run
+//! --state-dir` keeps it ([`AcknowledgedConfig`], written by the xDS server when Envoy has
+//! ACKed a whole snapshot), and `bootstrap --state-dir` renders it instead
+//! ([`last_acknowledged_config`]): its peer clusters as static copies named
+//! [`FALLBACK_PREFIX`]`<name>-*`, its filter configuration renamed to them. A missing or
+//! unreadable record falls back to local-only.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use skewgate_core::config::{
     Fallback, FallbackMode, FilterConfig, UpstreamAuth, FALLBACK_LOCAL_CLUSTER, SCHEMA_VERSION,
@@ -36,6 +46,94 @@ pub struct FallbackInputs<'a> {
     pub upstream_sds: Option<&'a Path>,
     /// For the filter's logs (`FilterConfig::local_apiserver`).
     pub local_apiserver: &'a str,
+    /// What the control plane last saw acknowledged (`bootstrap --state-dir`); `None`:
+    /// local-only.
+    pub acknowledged: Option<&'a AcknowledgedConfig>,
+}
+
+/// A snapshot as the fallback needs it: the filter configuration the control plane sent, and
+/// the addresses behind each of its peer clusters (the local apiserver's come from the flags).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcknowledgedConfig {
+    pub filter_config: FilterConfig,
+    /// Peer cluster base name → `host:port` of each apiserver behind it.
+    pub peer_clusters: BTreeMap<String, Vec<String>>,
+}
+
+/// The file in `--state-dir` that holds the last [`AcknowledgedConfig`].
+pub const ACKNOWLEDGED_FILE: &str = "last-acknowledged.json";
+
+/// What the fallback's static copies of peer clusters are named: this, then the live name.
+pub const FALLBACK_PREFIX: &str = "skewgate-fallback-";
+
+/// Largest record `bootstrap` reads (the filter configuration is capped at 8 MiB by Envoy).
+const MAX_ACKNOWLEDGED_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Keep `config` as the last acknowledged one in `dir` (atomically: a reader sees the old
+/// record or the new one).
+pub fn write_acknowledged(dir: &Path, config: &AcknowledgedConfig) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{ACKNOWLEDGED_FILE}.tmp"));
+    let json = serde_json::to_vec(config).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, json)?;
+    std::fs::rename(&tmp, dir.join(ACKNOWLEDGED_FILE))
+}
+
+/// The last acknowledged configuration kept in `dir`: `Ok(None)` when there is none, an error
+/// when it is there but unusable (too large, not JSON, a filter configuration the filter
+/// would refuse, an address that is not `host:port`).
+pub fn read_acknowledged(dir: &Path) -> Result<Option<AcknowledgedConfig>, String> {
+    let path = dir.join(ACKNOWLEDGED_FILE);
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(file, MAX_ACKNOWLEDGED_BYTES + 1),
+        &mut bytes,
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_ACKNOWLEDGED_BYTES {
+        return Err(format!("{}: larger than 16 MiB", path.display()));
+    }
+    let record: AcknowledgedConfig =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    // The same checks the filter makes, and every address usable.
+    FilterConfig::from_json(record.filter_config.to_json().as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    for (name, addresses) in &record.peer_clusters {
+        for a in addresses {
+            Address::parse(a).map_err(|e| format!("{}: cluster {name}: {e}", path.display()))?;
+        }
+    }
+    Ok(Some(record))
+}
+
+/// The acknowledged filter configuration as a fallback: every peer cluster renamed to its
+/// static copy, marked [`FallbackMode::LastAcknowledged`], local requests to the static local
+/// clusters.
+pub fn last_acknowledged_config(acknowledged: &AcknowledgedConfig) -> FilterConfig {
+    let mut config = acknowledged.filter_config.clone();
+    let rename = |name: &str| format!("{FALLBACK_PREFIX}{name}");
+    config.peer_clusters = std::mem::take(&mut config.peer_clusters)
+        .into_iter()
+        .map(|(name, peers)| (rename(&name), peers))
+        .collect();
+    for gv in &mut config.group_versions {
+        for route in &mut gv.resources {
+            if let Some(cluster) = &mut route.peer_cluster {
+                *cluster = rename(cluster);
+            }
+        }
+    }
+    config.fallback = Some(Fallback {
+        mode: FallbackMode::LastAcknowledged,
+        local_cluster: FALLBACK_LOCAL_CLUSTER.to_string(),
+    });
+    config
 }
 
 /// Envoy's `initial_fetch_timeout`s of CDS and ECDS.
@@ -95,28 +193,50 @@ pub fn local_only_config(local_apiserver: &str) -> FilterConfig {
     }
 }
 
-/// The ECDS `default_config`: the Wasm filter with [`local_only_config`].
+/// The ECDS `default_config`: the Wasm filter with [`last_acknowledged_config`], or
+/// [`local_only_config`] without one.
 pub fn default_filter_config(inputs: &FallbackInputs<'_>) -> Result<serde_json::Value, EnvoyError> {
-    let config = local_only_config(inputs.local_apiserver);
+    let config = match inputs.acknowledged {
+        Some(acknowledged) => last_acknowledged_config(acknowledged),
+        None => local_only_config(inputs.local_apiserver),
+    };
     Ok(filter_wasm_json(
         wasm_path(inputs.wasm_path)?,
         &config.to_json(),
     ))
 }
 
-/// The static clusters of the local apiserver, in the three variants.
+/// The static clusters of the local apiserver, and of every acknowledged peer cluster, in the
+/// three variants.
 pub fn static_clusters(inputs: &FallbackInputs<'_>) -> Result<Vec<serde_json::Value>, EnvoyError> {
-    UpstreamAuth::ALL
+    let mut bases = vec![(
+        FALLBACK_LOCAL_CLUSTER.to_string(),
+        vec![inputs.local.clone()],
+    )];
+    for (name, addresses) in inputs
+        .acknowledged
+        .map(|a| &a.peer_clusters)
         .into_iter()
-        .map(|auth| {
-            cluster_json(
-                &auth.cluster(FALLBACK_LOCAL_CLUSTER),
-                std::slice::from_ref(inputs.local),
+        .flatten()
+    {
+        let addresses = addresses
+            .iter()
+            .map(|a| Address::parse(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        bases.push((format!("{FALLBACK_PREFIX}{name}"), addresses));
+    }
+    let mut out = Vec::with_capacity(bases.len() * UpstreamAuth::ALL.len());
+    for (base, addresses) in &bases {
+        for auth in UpstreamAuth::ALL {
+            out.push(cluster_json(
+                &auth.cluster(base),
+                addresses,
                 auth,
                 inputs.upstream_sds,
-            )
-        })
-        .collect()
+            )?);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -160,6 +280,7 @@ mod tests {
             local: &local,
             upstream_sds: Some(Path::new("/var/lib/skewgate/sds")),
             local_apiserver: "cp-1",
+            acknowledged: None,
         };
         let clusters = static_clusters(&inputs).expect("clusters");
         let names: Vec<&str> = clusters.iter().filter_map(|c| c["name"].as_str()).collect();
@@ -204,5 +325,84 @@ mod tests {
             filter["config"]["vm_config"]["code"]["local"]["filename"],
             "/opt/skewgate.wasm"
         );
+    }
+
+    #[test]
+    fn the_last_acknowledged_configuration_routes_to_static_copies_of_its_peer_clusters() {
+        let filter_config = FilterConfig::from_json(
+            br#"{"schema":1,"local_apiserver":"cp-1",
+                 "peer_clusters":{"skewgate-peers-b":["apiserver-b"]},
+                 "group_versions":[{"group":"resource.k8s.io","version":"v1beta2","resources":[
+                   {"resource":"resourceclaims","peer_cluster":"skewgate-peers-b"},
+                   {"resource":"deviceclasses","local":true}]}]}"#,
+        )
+        .expect("valid");
+        let record = AcknowledgedConfig {
+            filter_config,
+            peer_clusters: BTreeMap::from([(
+                "skewgate-peers-b".to_string(),
+                vec!["10.0.0.12:6444".to_string(), "[fd00::12]:6444".to_string()],
+            )]),
+        };
+        let dir = tempfile::tempdir().expect("dir");
+        assert_eq!(read_acknowledged(dir.path()), Ok(None), "none kept yet");
+        write_acknowledged(dir.path(), &record).expect("write");
+        let back = read_acknowledged(dir.path())
+            .expect("readable")
+            .expect("kept");
+        assert_eq!(back, record);
+
+        let config = last_acknowledged_config(&back);
+        assert_eq!(
+            config.fallback,
+            Some(Fallback {
+                mode: FallbackMode::LastAcknowledged,
+                local_cluster: FALLBACK_LOCAL_CLUSTER.to_string(),
+            })
+        );
+        assert_eq!(
+            config.peer_clusters.keys().collect::<Vec<_>>(),
+            ["skewgate-fallback-skewgate-peers-b"]
+        );
+        assert_eq!(
+            config.group_versions[0].resources[0]
+                .peer_cluster
+                .as_deref(),
+            Some("skewgate-fallback-skewgate-peers-b")
+        );
+        FilterConfig::from_json(config.to_json().as_bytes()).expect("the filter accepts it");
+
+        let local = Address::parse("127.0.0.1:6443").expect("address");
+        let inputs = FallbackInputs {
+            wait: Duration::from_secs(30),
+            wasm_path: Path::new("/opt/skewgate.wasm"),
+            local: &local,
+            upstream_sds: None,
+            local_apiserver: "cp-1",
+            acknowledged: Some(&back),
+        };
+        let clusters = static_clusters(&inputs).expect("clusters");
+        let names: Vec<&str> = clusters.iter().filter_map(|c| c["name"].as_str()).collect();
+        assert_eq!(names.len(), 6);
+        assert!(names.contains(&"skewgate-fallback-skewgate-peers-b-token"));
+        let peer = clusters
+            .iter()
+            .find(|c| c["name"] == "skewgate-fallback-skewgate-peers-b-identity")
+            .expect("peer cluster");
+        let endpoints = &peer["load_assignment"]["endpoints"][0]["lb_endpoints"];
+        assert_eq!(
+            endpoints[1]["endpoint"]["address"]["socket_address"]["address"],
+            "fd00::12"
+        );
+
+        // A record that cannot be used is an error (bootstrap then renders local-only).
+        for bad in [
+            "not json",
+            r#"{"filter_config":{"schema":99,"local_apiserver":"x"},"peer_clusters":{}}"#,
+            r#"{"filter_config":{"schema":1,"local_apiserver":"x"},"peer_clusters":{"c":["nowhere"]}}"#,
+        ] {
+            std::fs::write(dir.path().join(ACKNOWLEDGED_FILE), bad).expect("write");
+            assert!(read_acknowledged(dir.path()).is_err(), "{bad}");
+        }
     }
 }

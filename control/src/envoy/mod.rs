@@ -63,6 +63,17 @@ pub struct Address {
     pub port: u16,
 }
 
+/// `host:port`, IPv6 hosts in brackets: what [`Address::parse`] reads back.
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
 impl Address {
     /// An apiserver's address: the port must be given.
     pub fn parse(s: &str) -> Result<Self, EnvoyError> {

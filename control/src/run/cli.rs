@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::envoy::bootstrap::{Bootstrap, ConfigSource, PeerPassthrough};
-use crate::envoy::fallback::FallbackInputs;
+use crate::envoy::fallback::{read_acknowledged, FallbackInputs};
 use crate::envoy::secrets::{serving_secrets, upstream_secrets};
 use crate::envoy::UpstreamTls;
 use crate::fetch::{ClientTemplate, DiscoveryMetrics};
@@ -201,6 +201,7 @@ async fn run_async(config: RunConfig) -> Result<()> {
         xds_listener,
         snapshots,
         xds_metrics.clone(),
+        config.state_dir.clone(),
         wait_true(shutdown_rx.clone()),
     ));
     let orchestrator = Orchestrator::new(
@@ -292,6 +293,10 @@ pub struct BootstrapArgs {
     /// directory.
     #[arg(long, value_name = "DIR")]
     pub sds_dir: Option<std::path::PathBuf>,
+    /// `run --state-dir`: where the control plane keeps the last configuration Envoy
+    /// acknowledged; the fallback serves it instead of local-only routing when it is there.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// The fallback's inputs from the flags: `None` with `--control-plane-wait=0`.
@@ -352,6 +357,18 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
         }
         (None, _) => None,
     };
+    // What the control plane last saw acknowledged, if it kept it: a record that cannot be
+    // used leaves the fallback local-only, and says so (Envoy must start regardless).
+    let acknowledged = match (&fallback, &args.state_dir) {
+        (Some(_), Some(dir)) => match read_acknowledged(dir) {
+            Ok(record) => record,
+            Err(e) => {
+                tracing::warn!("the last acknowledged configuration is not used, the fallback is local-only: {e}");
+                None
+            }
+        },
+        _ => None,
+    };
     let fallback = match (&fallback, &local) {
         (Some((flags, _)), Some(local)) => Some(FallbackInputs {
             wait: flags.wait,
@@ -359,6 +376,7 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
             local,
             upstream_sds: flags.upstream.as_ref().and(sds_dir.as_deref()),
             local_apiserver: &args.node_id,
+            acknowledged: acknowledged.as_ref(),
         }),
         _ => None,
     };

@@ -331,6 +331,7 @@ mod tests {
                 .iter()
                 .map(|(n, c)| (n.to_string(), versioned(ECDS, c)))
                 .collect(),
+            acknowledged: None,
         }
     }
 

@@ -10,6 +10,7 @@
 //! `DELTA_GRPC`, and SotW would need a second copy of the make-before-break ordering.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,7 +30,8 @@ use tonic::{Request, Response, Status, Streaming};
 use super::delta::{DeltaStream, Received};
 use super::metrics::XdsMetrics;
 use super::snapshot::Snapshot;
-use super::XdsError;
+use super::{XdsError, CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
+use crate::envoy::fallback::{write_acknowledged, AcknowledgedConfig};
 
 /// The snapshots the server serves: `None` until the first complete sync.
 pub type Snapshots = watch::Receiver<Option<Arc<Snapshot>>>;
@@ -45,6 +47,9 @@ pub struct Ads {
     /// Turns true when the server shuts down: every stream ends with UNAVAILABLE.
     closing: watch::Receiver<bool>,
     next_stream: AtomicU64,
+    /// `run --state-dir`: where a snapshot Envoy acknowledged completely is kept for its
+    /// bootstrap's fallback ([`crate::envoy::fallback::write_acknowledged`]).
+    acknowledged_dir: Option<PathBuf>,
 }
 
 impl Ads {
@@ -52,12 +57,14 @@ impl Ads {
         snapshots: Snapshots,
         metrics: Arc<XdsMetrics>,
         closing: watch::Receiver<bool>,
+        acknowledged_dir: Option<PathBuf>,
     ) -> Self {
         Ads {
             snapshots,
             metrics,
             closing,
             next_stream: AtomicU64::new(1),
+            acknowledged_dir,
         }
     }
 }
@@ -95,6 +102,8 @@ impl AggregatedDiscoveryService for Ads {
             closing: self.closing.clone(),
             metrics: self.metrics.clone(),
             state: DeltaStream::new(format!("{id}-")),
+            acknowledged_dir: self.acknowledged_dir.clone(),
+            kept: None,
         };
         tracing::info!(stream = id, %peer, "delta ADS stream opened");
         self.metrics.stream_opened();
@@ -111,6 +120,9 @@ struct StreamTask {
     closing: watch::Receiver<bool>,
     metrics: Arc<XdsMetrics>,
     state: DeltaStream,
+    acknowledged_dir: Option<PathBuf>,
+    /// The fallback record last kept by this stream (written again only when it changes).
+    kept: Option<Arc<AcknowledgedConfig>>,
 }
 
 impl StreamTask {
@@ -184,6 +196,7 @@ impl StreamTask {
             Received::Ack => {
                 self.metrics.acked(type_url);
                 tracing::debug!(stream = self.id, type_url, nonce = %request.response_nonce, "ACK");
+                self.keep_if_acknowledged();
             }
             Received::Nack { message, refused } => {
                 tracing::warn!(
@@ -208,6 +221,52 @@ impl StreamTask {
                     initial_versions = request.initial_resource_versions.len(),
                     "subscription"
                 );
+            }
+        }
+    }
+}
+
+impl StreamTask {
+    /// Once Envoy holds every resource of the current snapshot (both types ACKed at the
+    /// snapshot's versions), keep its fallback record: what the bootstrap serves if this Envoy
+    /// restarts while the control plane is missing. A failure to write is logged; the previous
+    /// record (or local-only) stays.
+    fn keep_if_acknowledged(&mut self) {
+        let Some(dir) = &self.acknowledged_dir else {
+            return;
+        };
+        let Some(snapshot) = self.snapshots.borrow().clone() else {
+            return;
+        };
+        let Some(record) = &snapshot.acknowledged else {
+            return;
+        };
+        if self
+            .kept
+            .as_ref()
+            .is_some_and(|k| Arc::ptr_eq(k, record) || **k == **record)
+        {
+            return;
+        }
+        let holds_all = [CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL]
+            .iter()
+            .all(|t| {
+                let (Some(held), Some(want)) = (self.state.held(t), snapshot.resources(t)) else {
+                    return false;
+                };
+                want.iter()
+                    .all(|(name, v)| held.get(name) == Some(&v.version))
+            });
+        if !holds_all {
+            return;
+        }
+        match write_acknowledged(dir, record) {
+            Ok(()) => {
+                tracing::info!(stream = self.id, version = %snapshot.version(), dir = %dir.display(), "kept the acknowledged configuration for Envoy's fallback");
+                self.kept = Some(record.clone());
+            }
+            Err(e) => {
+                tracing::warn!(stream = self.id, dir = %dir.display(), error = %e, "could not keep the acknowledged configuration for Envoy's fallback")
             }
         }
     }
@@ -253,12 +312,14 @@ pub async fn serve(
     listener: impl Into<Listener>,
     snapshots: Snapshots,
     metrics: Arc<XdsMetrics>,
+    acknowledged_dir: Option<PathBuf>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), XdsError> {
     let listener = listener.into();
     let (close_tx, close_rx) = watch::channel(false);
-    let service = AggregatedDiscoveryServiceServer::new(Ads::new(snapshots, metrics, close_rx))
-        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let ads = Ads::new(snapshots, metrics, close_rx, acknowledged_dir);
+    let service =
+        AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(MAX_REQUEST_BYTES);
     let local = listener.describe();
     tracing::info!(address = %local, "xDS server listening");
     let router = tonic::transport::Server::builder()

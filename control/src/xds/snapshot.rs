@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
@@ -16,6 +17,7 @@ use prost::Message;
 use sha2::{Digest, Sha256};
 
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
+use crate::envoy::fallback::AcknowledgedConfig;
 use crate::envoy::resources::{clusters, filter_extension_config, wasm_path, ClusterInputs};
 use crate::envoy::{Address, EnvoyError};
 use crate::routing::RoutingPlan;
@@ -60,6 +62,10 @@ pub struct Snapshot {
     pub clusters: BTreeMap<String, Versioned>,
     /// ECDS: extension config name → `TypedExtensionConfig`.
     pub extension_configs: BTreeMap<String, Versioned>,
+    /// This snapshot as Envoy's bootstrap fallback needs it, kept in `run --state-dir` once
+    /// Envoy has acknowledged all of it ([`crate::envoy::fallback`]). `None` for snapshots
+    /// not made from a routing plan.
+    pub acknowledged: Option<Arc<AcknowledgedConfig>>,
 }
 
 impl Snapshot {
@@ -77,6 +83,7 @@ impl Snapshot {
                 .into_iter()
                 .map(|e| (e.name.clone(), Versioned::new(pack_any(e))))
                 .collect(),
+            acknowledged: None,
         }
     }
 
@@ -99,6 +106,7 @@ impl Snapshot {
         Snapshot {
             clusters: clusters.into_iter().filter_map(by_name).collect(),
             extension_configs: extension_configs.into_iter().filter_map(by_name).collect(),
+            acknowledged: None,
         }
     }
 
@@ -106,7 +114,24 @@ impl Snapshot {
     /// peer set, and the filter configuration (`plan.config` as JSON).
     pub fn from_plan(plan: &RoutingPlan, inputs: &SnapshotInputs<'_>) -> Result<Self, EnvoyError> {
         let wasm = wasm_path(inputs.wasm_path)?;
-        Ok(Self::new(
+        let peer_clusters = plan
+            .clusters
+            .iter()
+            .map(|c| {
+                let addresses = c
+                    .peer_ids
+                    .iter()
+                    .filter_map(|id| inputs.peers.iter().find(|(peer, _)| peer == id))
+                    .map(|(_, address)| address.to_string())
+                    .collect();
+                (c.name.clone(), addresses)
+            })
+            .collect();
+        let acknowledged = AcknowledgedConfig {
+            filter_config: plan.config.clone(),
+            peer_clusters,
+        };
+        let snapshot = Self::new(
             clusters(
                 plan,
                 &ClusterInputs {
@@ -116,7 +141,11 @@ impl Snapshot {
                 },
             )?,
             [filter_extension_config(wasm, &plan.config.to_json())],
-        ))
+        );
+        Ok(Snapshot {
+            acknowledged: Some(Arc::new(acknowledged)),
+            ..snapshot
+        })
     }
 
     /// The resources of one type URL; `None` for a type this control plane does not serve.

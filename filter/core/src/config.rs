@@ -74,12 +74,17 @@ pub enum FallbackMode {
     /// Every request goes to the local apiserver and discovery is its own: what the apiserver
     /// would do without skewgate, with the header hygiene and identity kept.
     LocalOnly,
+    /// The last configuration this Envoy's control plane saw acknowledged (kept in its
+    /// `--state-dir`), with its peer clusters renamed to static copies in the bootstrap:
+    /// routing and merged discovery as they were when the control plane last saw them.
+    LastAcknowledged,
 }
 
 impl FallbackMode {
     pub fn as_str(self) -> &'static str {
         match self {
             FallbackMode::LocalOnly => "local-only",
+            FallbackMode::LastAcknowledged => "last-acknowledged",
         }
     }
 }

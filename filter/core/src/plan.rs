@@ -363,7 +363,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
     let (base, by) = match decision.upstream {
         Upstream::Local => {
             let resource = info.as_ref().is_some_and(|i| i.is_resource_request);
-            let by = if compiled.fallback.is_some() && resource {
+            let by = if compiled.fallback == Some(FallbackMode::LocalOnly) && resource {
                 // Without the control plane's view a local `404 page not found` may be a
                 // resource only a peer serves: a retryable 503, never a 404 clients act on.
                 Some(ServedBy::Unknown)
