@@ -55,8 +55,9 @@ impl Versioned {
 }
 
 /// Everything one Envoy should hold, by type: a complete, consistent view (the clusters every
-/// filter configuration in it names are in it).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// filter configuration in it names are in it). Two snapshots are equal when their resources
+/// are: the fallback record is derived from them.
+#[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     /// CDS: cluster name → cluster.
     pub clusters: BTreeMap<String, Versioned>,
@@ -66,6 +67,12 @@ pub struct Snapshot {
     /// Envoy has acknowledged all of it ([`crate::envoy::fallback`]). `None` for snapshots
     /// not made from a routing plan.
     pub acknowledged: Option<Arc<AcknowledgedConfig>>,
+}
+
+impl PartialEq for Snapshot {
+    fn eq(&self, other: &Self) -> bool {
+        self.clusters == other.clusters && self.extension_configs == other.extension_configs
+    }
 }
 
 impl Snapshot {
