@@ -25,10 +25,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use skewgate_core::config::{
-    Fallback, FallbackMode, FilterConfig, UpstreamAuth, FALLBACK_LOCAL_CLUSTER, SCHEMA_VERSION,
+    Fallback, FallbackMode, FilterConfig, FALLBACK_LOCAL_CLUSTER, SCHEMA_VERSION,
 };
 
-use super::resources::{cluster_json, filter_wasm_json, wasm_path};
+use super::resources::{cluster_json, filter_wasm_json, variants, wasm_path};
 use super::{Address, EnvoyError};
 
 /// What the fallback needs: the filter's code and the local apiserver, as the control plane
@@ -225,18 +225,9 @@ pub fn static_clusters(inputs: &FallbackInputs<'_>) -> Result<Vec<serde_json::Va
             .collect::<Result<Vec<_>, _>>()?;
         bases.push((format!("{FALLBACK_PREFIX}{name}"), addresses));
     }
-    let mut out = Vec::with_capacity(bases.len() * UpstreamAuth::ALL.len());
-    for (base, addresses) in &bases {
-        for auth in UpstreamAuth::ALL {
-            out.push(cluster_json(
-                &auth.cluster(base),
-                addresses,
-                auth,
-                inputs.upstream_sds,
-            )?);
-        }
-    }
-    Ok(out)
+    variants(&bases, |name, addresses, auth| {
+        cluster_json(name, addresses, auth, inputs.upstream_sds)
+    })
 }
 
 #[cfg(test)]

@@ -64,8 +64,6 @@ const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
 pub struct ClusterInputs<'a> {
     /// The apiserver this Envoy fronts.
     pub local: &'a Address,
-    /// Address of every peer apiserver by id.
-    pub peers: &'a [(String, Address)],
     /// TLS to the apiservers: the directory of the SDS files of the peer CA (verified with the
     /// name `kubernetes.default.svc`) and of the proxy-client certificate (on `-identity`
     /// clusters), [`super::secrets::upstream_secrets`]. `None`: plaintext, for tests and demos
@@ -73,40 +71,58 @@ pub struct ClusterInputs<'a> {
     pub upstream_sds: Option<&'a Path>,
 }
 
-/// The three variants of `skewgate-local`, then those of each peer set of the plan.
-pub fn clusters(
+/// Each peer set of the plan: its cluster's base name and the addresses of the apiservers
+/// behind it.
+pub fn peer_cluster_addresses(
     plan: &RoutingPlan,
-    inputs: &ClusterInputs<'_>,
-) -> Result<Vec<Cluster>, EnvoyError> {
-    let mut bases: Vec<(&str, Vec<Address>)> = Vec::with_capacity(plan.clusters.len() + 1);
-    bases.push((LOCAL_CLUSTER, vec![inputs.local.clone()]));
-    for peer_cluster in &plan.clusters {
-        let addresses = peer_cluster
-            .peer_ids
-            .iter()
-            .map(|id| {
-                inputs
-                    .peers
-                    .iter()
-                    .find(|(peer, _)| peer == id)
-                    .map(|(_, address)| address.clone())
-                    .ok_or_else(|| EnvoyError::UnknownPeer(id.clone()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        bases.push((&peer_cluster.name, addresses));
-    }
+    peers: &[(String, Address)],
+) -> Result<Vec<(String, Vec<Address>)>, EnvoyError> {
+    plan.clusters
+        .iter()
+        .map(|peer_cluster| {
+            let addresses = peer_cluster
+                .peer_ids
+                .iter()
+                .map(|id| {
+                    peers
+                        .iter()
+                        .find(|(peer, _)| peer == id)
+                        .map(|(_, address)| address.clone())
+                        .ok_or_else(|| EnvoyError::UnknownPeer(id.clone()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((peer_cluster.name.clone(), addresses))
+        })
+        .collect()
+}
+
+/// Every cluster variant ([`UpstreamAuth::ALL`]) of each base, rendered by `render` (the
+/// protobuf [`cluster`] for CDS, [`cluster_json`] for the bootstrap's static fallback).
+pub fn variants<T>(
+    bases: &[(String, Vec<Address>)],
+    mut render: impl FnMut(&str, &[Address], UpstreamAuth) -> Result<T, EnvoyError>,
+) -> Result<Vec<T>, EnvoyError> {
     let mut out = Vec::with_capacity(bases.len() * UpstreamAuth::ALL.len());
-    for (base, addresses) in &bases {
+    for (base, addresses) in bases {
         for auth in UpstreamAuth::ALL {
-            out.push(cluster(
-                &auth.cluster(base),
-                addresses,
-                auth,
-                inputs.upstream_sds,
-            )?);
+            out.push(render(&auth.cluster(base), addresses, auth)?);
         }
     }
     Ok(out)
+}
+
+/// The three variants of `skewgate-local`, then those of each peer set (`peer_clusters`, from
+/// [`peer_cluster_addresses`]).
+pub fn clusters(
+    peer_clusters: &[(String, Vec<Address>)],
+    inputs: &ClusterInputs<'_>,
+) -> Result<Vec<Cluster>, EnvoyError> {
+    let mut bases = Vec::with_capacity(peer_clusters.len() + 1);
+    bases.push((LOCAL_CLUSTER.to_string(), vec![inputs.local.clone()]));
+    bases.extend_from_slice(peer_clusters);
+    variants(&bases, |name, addresses, auth| {
+        cluster(name, addresses, auth, inputs.upstream_sds)
+    })
 }
 
 fn u32v(value: u32) -> Option<UInt32Value> {

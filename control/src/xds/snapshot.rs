@@ -18,7 +18,9 @@ use sha2::{Digest, Sha256};
 
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
 use crate::envoy::fallback::AcknowledgedConfig;
-use crate::envoy::resources::{clusters, filter_extension_config, wasm_path, ClusterInputs};
+use crate::envoy::resources::{
+    clusters, filter_extension_config, peer_cluster_addresses, wasm_path, ClusterInputs,
+};
 use crate::envoy::{Address, EnvoyError};
 use crate::routing::RoutingPlan;
 
@@ -121,34 +123,23 @@ impl Snapshot {
     /// peer set, and the filter configuration (`plan.config` as JSON).
     pub fn from_plan(plan: &RoutingPlan, inputs: &SnapshotInputs<'_>) -> Result<Self, EnvoyError> {
         let wasm = wasm_path(inputs.wasm_path)?;
-        let peer_clusters = plan
-            .clusters
-            .iter()
-            .map(|c| {
-                let addresses = c
-                    .peer_ids
-                    .iter()
-                    .filter_map(|id| inputs.peers.iter().find(|(peer, _)| peer == id))
-                    .map(|(_, address)| address.to_string())
-                    .collect();
-                (c.name.clone(), addresses)
-            })
-            .collect();
-        let acknowledged = AcknowledgedConfig {
-            filter_config: plan.config.clone(),
-            peer_clusters,
+        // Resolved once: the clusters and the fallback record name the same addresses.
+        let peer_clusters = peer_cluster_addresses(plan, inputs.peers)?;
+        let cluster_inputs = ClusterInputs {
+            local: inputs.local,
+            upstream_sds: inputs.upstream_sds,
         };
         let snapshot = Self::new(
-            clusters(
-                plan,
-                &ClusterInputs {
-                    local: inputs.local,
-                    peers: inputs.peers,
-                    upstream_sds: inputs.upstream_sds,
-                },
-            )?,
+            clusters(&peer_clusters, &cluster_inputs)?,
             [filter_extension_config(wasm, &plan.config.to_json())],
         );
+        let acknowledged = AcknowledgedConfig {
+            filter_config: plan.config.clone(),
+            peer_clusters: peer_clusters
+                .into_iter()
+                .map(|(name, addresses)| (name, addresses.iter().map(Address::to_string).collect()))
+                .collect(),
+        };
         Ok(Snapshot {
             acknowledged: Some(Arc::new(acknowledged)),
             ..snapshot
