@@ -200,6 +200,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
     let merged = match payload::discovery_config(inputs.local.id, &servers) {
         Ok(mut discovery) => {
             discovery.unavailable = stale.iter().map(GroupVersion::api_path).collect();
+            payload::set_content_version(&mut discovery);
             let bytes = discovery.apis.get().len()
                 + discovery.api.get().len()
                 + discovery

@@ -11,6 +11,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, Bytes, MapType, MetricType, Status};
+use skewgate_core::shared_discovery::{SharedData, StoreError, Versioned};
 
 /// Which header map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +56,8 @@ pub trait Host {
     /// The host's clock, as time since the Unix epoch.
     fn now(&mut self) -> Result<Duration, Status>;
     fn log(&mut self, level: log::Level, message: fmt::Arguments<'_>);
+    /// Envoy's process-wide shared data, where merged discovery documents are kept.
+    fn shared_data(&self) -> &dyn SharedData;
 }
 
 /// The Envoy host, through proxy-wasm's `hostcalls`.
@@ -117,9 +120,70 @@ impl Host for ProxyHost {
         // Through the `log` facade proxy-wasm installed: filtered by level before formatting.
         log::log!(level, "{message}");
     }
+
+    fn shared_data(&self) -> &dyn SharedData {
+        &HostSharedData
+    }
 }
 
 /// The plugin configuration (root context only).
 pub fn plugin_configuration() -> Result<Option<Bytes>, Status> {
     hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+}
+
+/// The plugin configuration as a stream (root context only, during `on_configure`): each read
+/// copies only the next piece into the VM, so a VM that skips the discovery documents never
+/// holds them (docs/ARCHITECTURE.md, "Merged discovery").
+#[derive(Debug)]
+pub struct PluginConfigurationReader {
+    offset: usize,
+    size: usize,
+}
+
+impl PluginConfigurationReader {
+    /// `size` is what Envoy passed to `on_configure`.
+    pub fn new(size: usize) -> Self {
+        PluginConfigurationReader { offset: 0, size }
+    }
+}
+
+impl std::io::Read for PluginConfigurationReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let want = buf.len().min(self.size.saturating_sub(self.offset));
+        if want == 0 {
+            return Ok(0);
+        }
+        let piece = hostcalls::get_buffer(BufferType::PluginConfiguration, self.offset, want)
+            .map_err(|status| std::io::Error::other(format!("{status:?}")))?
+            .unwrap_or_default();
+        let n = piece.len().min(want);
+        let (Some(dst), Some(src)) = (buf.get_mut(..n), piece.get(..n)) else {
+            return Ok(0);
+        };
+        dst.copy_from_slice(src);
+        self.offset += n;
+        Ok(n)
+    }
+}
+
+/// Envoy's process-wide shared data (per `vm_id`), for the merged discovery documents.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostSharedData;
+
+impl SharedData for HostSharedData {
+    fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        match hostcalls::get_shared_data(key) {
+            Ok((Some(value), cas)) => Ok(Some((value, cas))),
+            Ok((None, _)) => Ok(None),
+            Err(status) => Err(StoreError::Host(format!("{status:?}"))),
+        }
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => Ok(()),
+            Err(Status::CasMismatch) => Err(StoreError::CasMismatch),
+            Err(status) => Err(StoreError::Host(format!("{status:?}"))),
+        }
+    }
 }

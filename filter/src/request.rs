@@ -213,6 +213,19 @@ impl<H: Host> Request<H> {
             }
             ResponseDecision::Replace(replacement) => replacement,
         };
+        // A merged document kept in shared data is copied in now, while the headers can
+        // still become a 503 if it is gone.
+        let replacement =
+            match replacement.fetch_stored(&self.config.compiled, self.host.shared_data()) {
+                Ok(replacement) => replacement,
+                Err((replacement, e)) => {
+                    self.host.log(
+                        log::Level::Error,
+                        format_args!("skewgate: merged discovery document: {e}"),
+                    );
+                    replacement
+                }
+            };
         if let Some(counter) = self
             .response
             .rerouted(&self.config.compiled, replacement.status)

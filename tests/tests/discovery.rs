@@ -305,3 +305,147 @@ async fn a_merged_document_over_envoys_buffer_limit_is_served_whole() -> Result<
     assert!(!envoy.log().contains("panicked"), "{}", envoy.log());
     Ok(())
 }
+
+/// The scale target: 10,000 CRD resources (1,667 groups of 6, each with a status
+/// subresource, listed as kube-apiserver lists a CRD) make a merged `/apis` of about 5 MB, more
+/// than a configuration could carry before the documents were kept once per Envoy process.
+/// Envoy runs two workers: every discovery answer, on whichever worker, must be the exact
+/// merged document of the configuration, and routing must work beside it.
+#[tokio::test]
+async fn ten_thousand_crd_resources_are_served_whole_on_every_worker_from_one_shared_copy(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let base = fixture("k8s-1.30");
+    for f in ["api.json", "api__v1.json"] {
+        std::fs::copy(base.join(f), dir.path().join(f))?;
+    }
+    let mut apis = read_json(&base.join("aggregated_v2.json"));
+    let items = apis["items"].as_array_mut().expect("items");
+    for g in 0..1667 {
+        let group = format!("crd-{g}.bench.example.com");
+        let resources: Vec<Value> = (0..6)
+            .map(|r| {
+                let kind = serde_json::json!({"group": group, "version": "v1", "kind": format!("Widget{r}")});
+                serde_json::json!({
+                    "resource": format!("widget{r}s"), "responseKind": kind, "scope": "Namespaced",
+                    "singularResource": format!("widget{r}"),
+                    "verbs": ["delete", "deletecollection", "get", "list", "patch", "create", "update", "watch"],
+                    "shortNames": [format!("w{r}")], "categories": ["all"],
+                    "subresources": [{"subresource": "status", "responseKind": kind, "verbs": ["get", "patch", "update"]}]
+                })
+            })
+            .collect();
+        items.push(serde_json::json!({
+            "metadata": {"name": group, "creationTimestamp": null},
+            "versions": [{"version": "v1", "freshness": "Current", "resources": resources}]
+        }));
+    }
+    std::fs::write(
+        dir.path().join("aggregated_v2.json"),
+        serde_json::to_vec(&apis)?,
+    )?;
+
+    let a = SimApiserver::start("apiserver-a", &dir.path().to_string_lossy()).await?;
+    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
+    let envoy = Envoy::start(&a, &[&b]).await?;
+    let config = &envoy.plan.as_ref().expect("a static plan").config;
+    let discovery = config.discovery.as_ref().expect("merged discovery");
+    assert!(
+        discovery.apis.get().len() > 4_500_000,
+        "{} bytes",
+        discovery.apis.get().len()
+    );
+    let apis_v2 = discovery.apis.get().as_bytes();
+    let apis_v2beta1 = discovery.apis.get().replacen(
+        "\"apiVersion\":\"apidiscovery.k8s.io/v2\"",
+        "\"apiVersion\":\"apidiscovery.k8s.io/v2beta1\"",
+        1,
+    );
+    let legacy_apis = discovery.legacy.get("/apis").expect("legacy /apis").get();
+    let etag = format!("\"{}\"", discovery.apis_etag);
+
+    // (path, Accept, gzip, expected body): a new client per request is a new connection, which
+    // Envoy hands to either worker.
+    let cases: [(&str, &str, bool, &[u8]); 6] = [
+        ("/apis", V2, false, apis_v2),
+        ("/apis", V2, true, apis_v2),
+        ("/apis", V2BETA1, true, apis_v2beta1.as_bytes()),
+        ("/api", V2, false, discovery.api.get().as_bytes()),
+        ("/apis", "application/json", false, legacy_apis.as_bytes()),
+        ("/apis", "application/json", true, legacy_apis.as_bytes()),
+    ];
+    for round in 0..4 {
+        for (path, accept, gzip, want) in cases {
+            let client = reqwest::Client::builder().no_gzip().build()?;
+            let mut request = client
+                .get(format!("{}{path}", envoy.url()))
+                .header("accept", accept);
+            if gzip {
+                request = request.header("accept-encoding", "gzip");
+            }
+            let resp = request.send().await?;
+            let what = format!("round {round}: {path} {accept} gzip={gzip}");
+            assert_eq!(resp.status(), 200, "{what}");
+            let gzipped = resp
+                .headers()
+                .get("content-encoding")
+                .is_some_and(|v| v == "gzip");
+            assert_eq!(gzipped, gzip && want.len() >= 128 * 1024, "{what}");
+            if path == "/apis" && accept == V2 {
+                assert_eq!(resp.headers()["etag"].to_str()?, etag, "{what}");
+            }
+            let body = resp.bytes().await?;
+            let body = if gzipped {
+                skewgate_core::gzip::decompress(&body).expect("gzip")
+            } else {
+                body.to_vec()
+            };
+            assert!(
+                body == want,
+                "{what}: {} bytes, expected {}",
+                body.len(),
+                want.len()
+            );
+        }
+    }
+    // Routing beside it: a peer-only resource goes to the peer, a CRD's to the local apiserver.
+    let client = reqwest::Client::new();
+    for (path, server) in [
+        (
+            "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims",
+            "apiserver-b",
+        ),
+        (
+            "/apis/crd-1666.bench.example.com/v1/namespaces/default/widget5s",
+            "apiserver-a",
+        ),
+    ] {
+        let resp = client.get(format!("{}{path}", envoy.url())).send().await?;
+        assert_eq!(resp.headers()["x-sim-apiserver"], server, "{path}");
+    }
+    // One VM read the documents and published them; the others (the main thread's and both
+    // workers') took them from shared data.
+    // (Envoy flushes its log file every few seconds: wait for the lines, bounded.)
+    let counts = |log: &str| {
+        (
+            log.matches("(published to shared data)").count(),
+            log.matches(" (shared)").count(),
+        )
+    };
+    let mut log = envoy.log();
+    for _ in 0..150 {
+        let (published, shared) = counts(&log);
+        if published >= 1 && shared >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        log = envoy.log();
+    }
+    let (published, shared) = counts(&log);
+    assert!(
+        published >= 1 && shared >= 2,
+        "published {published}, shared {shared}:\n{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    Ok(())
+}

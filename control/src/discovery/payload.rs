@@ -11,15 +11,17 @@ use crate::discovery::documents::{
 };
 use crate::discovery::merge::{merge_aggregated, merged_etag};
 
-/// The most merged discovery we put into one filter configuration, all documents together.
+/// The most merged discovery we put into one filter configuration, all documents together:
+/// three quarters of the configuration limit, the rest is left to the routing table.
 ///
-/// Every Envoy worker VM parses each configuration push (about 7 ms and 3.5 MB of wasm memory
-/// per MB of JSON, measured, and wasm memory never shrinks). A stock cluster's merged `/apis`
-/// is about 60 KB; a few thousand CRD resources make it about 1-2 MB. Past this limit the
-/// control plane leaves merged discovery out: discovery requests then go to the local
-/// apiserver, which is upstream's behaviour without peer-aggregated discovery, and the
-/// control plane says so in its log.
-pub const MAX_MERGED_DISCOVERY_BYTES: usize = MAX_CONFIG_BYTES / 2;
+/// The filter keeps one copy of these documents per Envoy process (shared data), not one per
+/// VM; the VM that publishes them parses them whole once per version, every other VM streams
+/// past them (docs/ARCHITECTURE.md, "Merged discovery"; measured in BENCHMARKS.md §5). A stock
+/// cluster's merged `/apis` is about 60 KB; 10,000 CRD resources make it about 5 MB. Past
+/// this limit the control plane leaves merged discovery out: discovery requests then go to
+/// the local apiserver, which is upstream's behaviour without peer-aggregated discovery, and
+/// the control plane says so in its log.
+pub const MAX_MERGED_DISCOVERY_BYTES: usize = MAX_CONFIG_BYTES / 4 * 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MergedDiscoveryError {
@@ -115,7 +117,8 @@ pub fn discovery_config(
             MergedDiscoveryError::Json(serde_json::Error::io(std::io::Error::other(e.to_string())))
         })
     };
-    Ok(DiscoveryConfig {
+    let mut config = DiscoveryConfig {
+        version: String::new(),
         unavailable: Default::default(),
         apis_etag: merged_etag(apis.as_bytes()),
         api_etag: merged_etag(api.as_bytes()),
@@ -125,7 +128,20 @@ pub fn discovery_config(
             .into_iter()
             .map(|(path, json)| Ok((path, document(json)?)))
             .collect::<Result<_, MergedDiscoveryError>>()?,
-    })
+    };
+    set_content_version(&mut config);
+    Ok(config)
+}
+
+/// Sets `discovery.version` to the content hash of everything else in it (SHA-256 of its
+/// canonical JSON without the version): the key under which each Envoy keeps one copy of these
+/// documents for all its VMs (docs/ARCHITECTURE.md, "Merged discovery"). Call it last, once
+/// nothing else changes.
+pub fn set_content_version(discovery: &mut DiscoveryConfig) {
+    discovery.version = String::new();
+    // Serialising plain structs and string maps cannot fail.
+    let json = serde_json::to_vec(&*discovery).unwrap_or_default();
+    discovery.version = merged_etag(&json);
 }
 
 #[cfg(test)]

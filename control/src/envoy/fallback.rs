@@ -67,8 +67,10 @@ pub const ACKNOWLEDGED_FILE: &str = "last-acknowledged.json";
 /// What the fallback's static copies of peer clusters are named: this, then the live name.
 pub const FALLBACK_PREFIX: &str = "skewgate-fallback-";
 
-/// Largest record `bootstrap` reads (the filter configuration is capped at 8 MiB by Envoy).
-const MAX_ACKNOWLEDGED_BYTES: u64 = 16 * 1024 * 1024;
+/// Largest record `bootstrap` reads: the filter configuration is capped at
+/// [`MAX_CONFIG_BYTES`](skewgate_core::config::MAX_CONFIG_BYTES), plus room for the peer
+/// addresses.
+const MAX_ACKNOWLEDGED_BYTES: u64 = skewgate_core::config::MAX_CONFIG_BYTES as u64 + 1024 * 1024;
 
 /// Keep `config` as the last acknowledged one in `dir` (atomically: a reader sees the old
 /// record or the new one).
@@ -97,7 +99,10 @@ pub fn read_acknowledged(dir: &Path) -> Result<Option<AcknowledgedConfig>, Strin
     )
     .map_err(|e| format!("{}: {e}", path.display()))?;
     if bytes.len() as u64 > MAX_ACKNOWLEDGED_BYTES {
-        return Err(format!("{}: larger than 16 MiB", path.display()));
+        return Err(format!(
+            "{}: larger than {MAX_ACKNOWLEDGED_BYTES} bytes",
+            path.display()
+        ));
     }
     let record: AcknowledgedConfig =
         serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;

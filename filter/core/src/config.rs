@@ -17,10 +17,11 @@ use serde::{Deserialize, Serialize};
 /// The only schema version this filter reads.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// Upper bound on one configuration document, in bytes. The routing table of a cluster with a
-/// few thousand CRD resources is well under 1 MiB; past this we refuse rather than let every
-/// Envoy worker VM grow its (never shrinking) memory.
-pub const MAX_CONFIG_BYTES: usize = 8 * 1024 * 1024;
+/// Upper bound on one configuration document, in bytes. Most of a large one is merged
+/// discovery (10,000 CRD resources: about 6 MB, BENCHMARKS.md §5), which only the VM that
+/// publishes it to shared data reads whole; every other VM streams past it and keeps the
+/// routing table only (docs/ARCHITECTURE.md, "Merged discovery"). Past this we refuse.
+pub const MAX_CONFIG_BYTES: usize = 16 * 1024 * 1024;
 
 /// Longest cluster name we accept; Envoy's own limit is far above, this keeps headers small.
 const MAX_CLUSTER_NAME: usize = 200;
@@ -98,6 +99,13 @@ pub const FALLBACK_LOCAL_CLUSTER: &str = "skewgate-fallback-local";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DiscoveryConfig {
+    /// Content hash of everything below, set by the control plane
+    /// (`control/src/discovery/payload.rs`); the filter trusts it as it trusts the rest. With it, the filter keeps one copy of these documents per Envoy process
+    /// in proxy-wasm shared data under this version instead of one per VM
+    /// ([`crate::shared_discovery`]); empty (configurations written before it existed): every
+    /// VM keeps its own copy.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
     /// Merged `/apis`: an `apidiscovery.k8s.io/v2` `APIGroupDiscoveryList`.
     pub apis: JsonDocument,
     /// Content hash of `apis`, the ETag clients revalidate with (unquoted).
@@ -248,7 +256,93 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// A configuration read without its discovery documents ([`FilterConfig::routing_from_reader`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingConfig {
+    /// The configuration, `discovery` always `None`.
+    pub config: FilterConfig,
+    pub discovery: DiscoveryRef,
+}
+
+/// What a configuration says about its merged discovery, read without the documents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiscoveryRef {
+    /// None configured: discovery goes to the local apiserver.
+    None,
+    /// Documents without a [`DiscoveryConfig::version`]: read them whole, per VM.
+    Unversioned,
+    /// Documents of this content version (validated: 1-128 letters, digits or `-`).
+    Version(String),
+}
+
+/// [`FilterConfig`] with the discovery documents skipped while parsing: the same fields, so a
+/// configuration the one accepts the other accepts too (a unit test keeps them equal).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilterConfigHead {
+    schema: u32,
+    local_apiserver: String,
+    #[serde(default)]
+    peer_clusters: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    group_versions: Vec<GroupVersionRoutes>,
+    #[serde(default)]
+    discovery: Option<DiscoveryHead>,
+    #[serde(default)]
+    pending_peers: Vec<String>,
+    #[serde(default)]
+    fallback: Option<Fallback>,
+}
+
+/// Only the version of [`DiscoveryConfig`]; serde skips the other fields without keeping them
+/// (`IgnoredAny`: a skipped string is scanned, never allocated).
+#[derive(Deserialize)]
+struct DiscoveryHead {
+    #[serde(default)]
+    version: String,
+}
+
+/// A valid [`DiscoveryConfig::version`] or ETag: 1-128 letters, digits or `-` (it becomes part
+/// of shared-data keys and of headers).
+pub fn valid_version(version: &str) -> bool {
+    !version.is_empty()
+        && version.len() <= 128
+        && version
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
 impl FilterConfig {
+    /// Parse and validate everything but the discovery documents, reading `reader` as a stream:
+    /// memory holds the routing table, never the (possibly megabytes of) documents. The caller
+    /// bounds what `reader` yields to [`MAX_CONFIG_BYTES`].
+    pub fn routing_from_reader(reader: impl std::io::Read) -> Result<RoutingConfig, ConfigError> {
+        let head: FilterConfigHead =
+            serde_json::from_reader(reader).map_err(|e| ConfigError::Json(e.to_string()))?;
+        let discovery = match head.discovery {
+            None => DiscoveryRef::None,
+            Some(d) if d.version.is_empty() => DiscoveryRef::Unversioned,
+            Some(d) if valid_version(&d.version) => DiscoveryRef::Version(d.version),
+            Some(d) => {
+                return Err(ConfigError::Invalid(format!(
+                    "discovery version {:?} must be 1-128 letters, digits or '-'",
+                    d.version
+                )))
+            }
+        };
+        let config = FilterConfig {
+            schema: head.schema,
+            local_apiserver: head.local_apiserver,
+            peer_clusters: head.peer_clusters,
+            group_versions: head.group_versions,
+            discovery: None,
+            pending_peers: head.pending_peers,
+            fallback: head.fallback,
+        };
+        config.validate()?;
+        Ok(RoutingConfig { config, discovery })
+    }
+
     /// Parse and validate. Nothing partial ever comes out of here.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
         if bytes.len() > MAX_CONFIG_BYTES {
@@ -360,6 +454,12 @@ impl FilterConfig {
 
 impl DiscoveryConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.version.is_empty() && !valid_version(&self.version) {
+            return Err(ConfigError::Invalid(format!(
+                "discovery version {:?} must be 1-128 letters, digits or '-'",
+                self.version
+            )));
+        }
         for (what, doc, etag) in [
             ("/apis", &self.apis, &self.apis_etag),
             ("/api", &self.api, &self.api_etag),
@@ -512,6 +612,67 @@ mod tests {
         let r = c.group_versions[0].resources[0].clone();
         c.group_versions[0].resources.push(r);
         assert!(matches!(c.validate(), Err(ConfigError::Invalid(_))));
+    }
+
+    #[test]
+    fn the_routing_part_reads_like_the_whole_configuration_without_its_documents() {
+        let discovery = |version: &str| DiscoveryConfig {
+            version: version.into(),
+            apis: JsonDocument::from_str(r#"{"items":[{"a":"\"}"}]}"#).unwrap(),
+            apis_etag: "e1".into(),
+            api: JsonDocument::from_str("{}").unwrap(),
+            api_etag: "e2".into(),
+            legacy: BTreeMap::new(),
+            unavailable: BTreeSet::new(),
+        };
+        let with = |d: Option<DiscoveryConfig>| FilterConfig {
+            discovery: d,
+            ..sample()
+        };
+        let cases = [
+            ("no discovery", with(None), DiscoveryRef::None),
+            (
+                "unversioned",
+                with(Some(discovery(""))),
+                DiscoveryRef::Unversioned,
+            ),
+            (
+                "versioned",
+                with(Some(discovery("abc-123"))),
+                DiscoveryRef::Version("abc-123".into()),
+            ),
+        ];
+        for (what, config, want) in cases {
+            let json = config.to_json();
+            let routing = FilterConfig::routing_from_reader(json.as_bytes()).unwrap();
+            let whole = FilterConfig::from_json(json.as_bytes()).unwrap();
+            assert_eq!(routing.discovery, want, "{what}");
+            assert_eq!(
+                routing.config,
+                FilterConfig {
+                    discovery: None,
+                    ..whole
+                },
+                "{what}"
+            );
+        }
+        // What the whole parse refuses in the routing part, the routing parse refuses too; a
+        // version that cannot be a key is refused.
+        let bad = [
+            sample()
+                .to_json()
+                .replace("\"schema\":1", "\"schema\":1,\"x\":1"),
+            sample().to_json().replace("v1beta2", ""),
+            with(Some(discovery("a/b"))).to_json(),
+            with(Some(discovery(""))).to_json().replace("}}", "}"),
+        ];
+        for json in bad {
+            assert!(
+                FilterConfig::routing_from_reader(json.as_bytes()).is_err(),
+                "{json}"
+            );
+            assert!(FilterConfig::from_json(json.as_bytes()).is_err(), "{json}");
+        }
     }
 
     #[test]

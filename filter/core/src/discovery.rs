@@ -53,9 +53,13 @@ pub struct Response<'a> {
     pub content_type: &'static str,
     /// Quoted; only aggregated documents carry one (legacy discovery has none upstream).
     pub etag: Option<&'a str>,
-    /// Empty for 304 and HEAD.
+    /// Empty for 304 and HEAD, and when the document is in shared data (`stored`).
     pub body: &'a [u8],
     pub gzip: bool,
+    /// The document is kept once per Envoy process in proxy-wasm shared data
+    /// ([`crate::shared_discovery`]): fetch it (gzipped when `gzip`) with
+    /// [`shared_discovery::body`](crate::shared_discovery::body).
+    pub stored: Option<&'a str>,
 }
 
 /// The outcome of negotiating one discovery request against the merged documents: which
@@ -100,36 +104,66 @@ pub struct DiscoveryHeaders<'a> {
 
 /// One merged aggregated document in both encodings clients ask for.
 #[derive(Debug)]
-struct AggregatedDocument {
-    v2: Encoded,
+pub(crate) struct AggregatedDocument {
+    pub(crate) v2: Encoded,
     /// The same document with `apiVersion: apidiscovery.k8s.io/v2beta1` (the two versions have
     /// the same schema); `None` if the document did not have the expected `apiVersion`.
-    v2beta1: Option<Encoded>,
+    pub(crate) v2beta1: Option<Encoded>,
 }
 
 #[derive(Debug)]
-struct Encoded {
-    body: String,
-    etag: String,
+pub(crate) struct Encoded {
+    pub(crate) body: Body,
+    pub(crate) etag: String,
     /// Compressed on first use: most documents are never large enough to need it.
     gzipped: OnceCell<Option<Vec<u8>>>,
+}
+
+/// Where a document's bytes are.
+#[derive(Debug)]
+pub(crate) enum Body {
+    /// In this VM.
+    Inline(String),
+    /// In proxy-wasm shared data under `key`, `len` bytes (uncompressed).
+    Stored { key: String, len: usize },
 }
 
 impl Encoded {
     fn new(body: String, etag: String) -> Self {
         Encoded {
-            body,
+            body: Body::Inline(body),
             etag,
             gzipped: OnceCell::new(),
         }
     }
 
+    pub(crate) fn stored(key: String, len: usize, etag: String) -> Self {
+        Encoded {
+            body: Body::Stored { key, len },
+            etag,
+            gzipped: OnceCell::new(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match &self.body {
+            Body::Inline(body) => body.len(),
+            Body::Stored { len, .. } => *len,
+        }
+    }
+
+    /// Whether a client that accepts gzip gets it gzipped (as kube-apiserver: from 128 KiB).
+    fn gzips(&self) -> bool {
+        self.len() >= GZIP_THRESHOLD_BYTES
+    }
+
+    /// The gzipped form of an inline document (a stored one is gzipped in shared data).
     fn gzipped(&self) -> Option<&[u8]> {
+        let Body::Inline(body) = &self.body else {
+            return None;
+        };
         self.gzipped
-            .get_or_init(|| {
-                (self.body.len() >= GZIP_THRESHOLD_BYTES)
-                    .then(|| gzip::compress(self.body.as_bytes()))
-            })
+            .get_or_init(|| self.gzips().then(|| gzip::compress(body.as_bytes())))
             .as_deref()
     }
 }
@@ -163,14 +197,14 @@ impl AggregatedDocument {
 /// The request-time form of [`DiscoveryConfig`].
 #[derive(Debug)]
 pub struct MergedDiscovery {
-    apis: AggregatedDocument,
-    api: AggregatedDocument,
+    pub(crate) apis: AggregatedDocument,
+    pub(crate) api: AggregatedDocument,
     /// Legacy documents by path: an index into `legacy_documents`.
-    legacy: HashMap<String, usize>,
-    legacy_documents: Vec<Encoded>,
+    pub(crate) legacy: HashMap<String, usize>,
+    pub(crate) legacy_documents: Vec<Encoded>,
     /// [`DiscoveryConfig::unavailable`]: legacy group-version paths answered 503, with the
     /// group-version each names.
-    unavailable: HashMap<String, GroupVersion>,
+    pub(crate) unavailable: HashMap<String, GroupVersion>,
 }
 
 impl MergedDiscovery {
@@ -181,11 +215,7 @@ impl MergedDiscovery {
             legacy.insert(path.clone(), legacy_documents.len());
             legacy_documents.push(Encoded::new(doc.get().to_string(), String::new()));
         }
-        let unavailable = config
-            .unavailable
-            .iter()
-            .filter_map(|path| Some((path.clone(), legacy_group_version(path)?)))
-            .collect();
+        let unavailable = unavailable_paths(&config.unavailable);
         MergedDiscovery {
             apis: AggregatedDocument::new(config.apis.get(), &config.apis_etag),
             api: AggregatedDocument::new(config.api.get(), &config.api_etag),
@@ -300,12 +330,19 @@ impl MergedDiscovery {
                 etag,
                 body: &[],
                 gzip: false,
+                stored: None,
             });
         }
-        let gzipped = choice.accepts_gzip.then(|| encoded.gzipped()).flatten();
-        let (body, gzip) = match gzipped {
-            Some(bytes) => (bytes, true),
-            None => (encoded.body.as_bytes(), false),
+        let (body, gzip, stored) = match &encoded.body {
+            Body::Inline(plain) => match choice.accepts_gzip.then(|| encoded.gzipped()).flatten() {
+                Some(bytes) => (bytes, true, None),
+                None => (plain.as_bytes(), false, None),
+            },
+            Body::Stored { key, .. } => (
+                &[][..],
+                choice.accepts_gzip && encoded.gzips(),
+                (!choice.head).then_some(key.as_str()),
+            ),
         };
         Some(Response {
             status: 200,
@@ -313,6 +350,7 @@ impl MergedDiscovery {
             etag,
             body: if choice.head { &[] } else { body },
             gzip,
+            stored,
         })
     }
 
@@ -337,6 +375,16 @@ impl MergedDiscovery {
 
 fn negotiated_type(format: DiscoveryFormat) -> &'static str {
     negotiation::aggregated_content_type(format)
+}
+
+/// [`DiscoveryConfig::unavailable`] with the group-version each path names.
+pub(crate) fn unavailable_paths<'a>(
+    paths: impl IntoIterator<Item = &'a String>,
+) -> HashMap<String, GroupVersion> {
+    paths
+        .into_iter()
+        .filter_map(|path| Some((path.clone(), legacy_group_version(path)?)))
+        .collect()
 }
 
 /// The group-version of a legacy group-version path (`/apis/<g>/<v>`, `/api/<v>`), as
@@ -392,6 +440,7 @@ mod tests {
 
     fn merged() -> MergedDiscovery {
         MergedDiscovery::compile(&DiscoveryConfig {
+            version: String::new(),
             unavailable: Default::default(),
             apis: JsonDocument::from_str(APIS).unwrap(),
             apis_etag: "aaa".into(),
@@ -577,6 +626,7 @@ mod tests {
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn retained_legacy_group_version_paths_are_unavailable() {
         let config = DiscoveryConfig {
+            version: String::new(),
             unavailable: ["/apis/resource.k8s.io/v1beta3", "/api/v2"]
                 .into_iter()
                 .map(String::from)
@@ -648,6 +698,7 @@ mod tests {
         );
         assert!(big.len() > GZIP_THRESHOLD_BYTES);
         let m = MergedDiscovery::compile(&DiscoveryConfig {
+            version: String::new(),
             unavailable: Default::default(),
             apis: JsonDocument::from_str(&big).unwrap(),
             apis_etag: "e".into(),

@@ -27,4 +27,5 @@ pub mod negotiation;
 pub mod plan;
 pub mod request_info;
 pub mod routing;
+pub mod shared_discovery;
 pub mod status;

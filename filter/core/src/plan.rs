@@ -23,6 +23,7 @@ use crate::local_reply::{self, RoutedTo};
 pub use crate::metrics::{Counter, GvrLabel, MetricLabels, PeerError};
 use crate::request_info::RequestInfo;
 use crate::routing::{Decision, Reason, RoutingTable, Upstream};
+use crate::shared_discovery::{self, SharedData, StoreError};
 use crate::status;
 
 /// One accepted configuration, compiled for request time and shared by every request.
@@ -42,9 +43,18 @@ pub struct CompiledConfig {
 
 impl CompiledConfig {
     pub fn compile(config: &FilterConfig) -> Self {
+        Self::with_discovery(
+            config,
+            config.discovery.as_ref().map(MergedDiscovery::compile),
+        )
+    }
+
+    /// `config`'s routing with merged discovery compiled elsewhere (the documents kept in
+    /// shared data: [`crate::shared_discovery`]); `config.discovery` is not looked at.
+    pub fn with_discovery(config: &FilterConfig, discovery: Option<MergedDiscovery>) -> Self {
         CompiledConfig {
             table: RoutingTable::compile(config),
-            discovery: config.discovery.as_ref().map(MergedDiscovery::compile),
+            discovery,
             local_cluster: config
                 .fallback
                 .as_ref()
@@ -533,6 +543,9 @@ pub struct ResponsePlan {
 pub enum ReplacementBody {
     /// The merged discovery document.
     Discovery(DiscoveryChoice),
+    /// A merged discovery document copied out of shared data
+    /// ([`Replacement::fetch_stored`]).
+    Fetched(Vec<u8>),
     /// A `metav1.Status` document.
     Status(String),
 }
@@ -542,6 +555,7 @@ impl ReplacementBody {
     pub fn bytes<'s>(&'s self, compiled: &'s CompiledConfig) -> &'s [u8] {
         match self {
             ReplacementBody::Status(body) => body.as_bytes(),
+            ReplacementBody::Fetched(body) => body,
             ReplacementBody::Discovery(choice) => compiled
                 .discovery
                 .as_ref()
@@ -575,6 +589,64 @@ pub struct Replacement<'a> {
     pub headers: Vec<HeaderOp<'a>>,
     pub body: ReplacementBody,
     pub counter: Option<Counter>,
+}
+
+impl<'a> Replacement<'a> {
+    /// A merged discovery answer whose document is kept in shared data
+    /// ([`crate::shared_discovery`]): copy it into the VM now, before any header is sent, so
+    /// that a document no longer there (its configuration version was evicted: this VM lags
+    /// [`KEEP_VERSIONS`](crate::shared_discovery::KEEP_VERSIONS) configurations behind) becomes
+    /// a retryable 503 instead of a merged answer without a body. Anything else is returned
+    /// as it is. The copy lives until the body is sent.
+    pub fn fetch_stored(
+        self,
+        compiled: &CompiledConfig,
+        store: &(impl SharedData + ?Sized),
+    ) -> Result<Replacement<'a>, (Replacement<'a>, StoreError)> {
+        let ReplacementBody::Discovery(choice) = &self.body else {
+            return Ok(self);
+        };
+        let Some(response) = compiled
+            .discovery
+            .as_ref()
+            .and_then(|merged| merged.respond(*choice))
+        else {
+            return Ok(self);
+        };
+        let Some(key) = response.stored else {
+            return Ok(self);
+        };
+        match shared_discovery::body(store, key, response.gzip) {
+            Ok(Some(bytes)) => Ok(Replacement {
+                body: ReplacementBody::Fetched(bytes),
+                ..self
+            }),
+            Ok(None) => Ok(discovery_evicted(self)),
+            Err(e) => Err((discovery_evicted(self), e)),
+        }
+    }
+}
+
+/// The 503 for a merged discovery document that is no longer in shared data.
+fn discovery_evicted(replacement: Replacement<'_>) -> Replacement<'_> {
+    let body = status::unavailable(
+        "the merged discovery document of this configuration is being replaced; retry",
+    );
+    Replacement {
+        cause: replacement.cause,
+        status: 503,
+        headers: vec![
+            HeaderOp::Set(":status", Cow::Borrowed("503")),
+            HeaderOp::Set("content-type", Cow::Borrowed(status::CONTENT_TYPE)),
+            HeaderOp::Remove("content-length"),
+            HeaderOp::Remove("content-encoding"),
+            HeaderOp::Remove("etag"),
+            HeaderOp::Remove("cache-control"),
+            HeaderOp::Set("retry-after", Cow::Borrowed(status::RETRY_AFTER)),
+        ],
+        body: ReplacementBody::Status(body),
+        counter: None,
+    }
 }
 
 /// What to do with the response, decided when its headers arrive.
@@ -814,6 +886,7 @@ mod tests {
                 ),
             ],
             discovery: discovery.then(|| DiscoveryConfig {
+                version: String::new(),
                 unavailable: Default::default(),
                 apis: JsonDocument::from_str(APIS).unwrap(),
                 apis_etag: "aaa".into(),
@@ -1214,6 +1287,7 @@ mod tests {
                 },
             ],
             discovery: Some(DiscoveryConfig {
+                version: String::new(),
                 unavailable: ["/apis/resource.k8s.io/v1beta3".to_string()].into(),
                 apis: JsonDocument::from_str(APIS).unwrap(),
                 apis_etag: "aaa".into(),

@@ -10,6 +10,7 @@ use skewgate_core::config::{
     DiscoveryConfig, FilterConfig, GroupVersionRoutes, JsonDocument, ResourceRoute, SCHEMA_VERSION,
 };
 use skewgate_core::plan::CompiledConfig;
+use skewgate_core::shared_discovery::{SharedData, StoreError, Versioned};
 
 use super::{Configured, Request, Worker};
 use crate::host::{Headers, Host};
@@ -89,6 +90,7 @@ fn compiled_with(pending: &[&str]) -> Rc<Configured> {
             ),
         ],
         discovery: Some(DiscoveryConfig {
+            version: String::new(),
             apis: JsonDocument::from_str(APIS).unwrap(),
             apis_etag: "aaa".into(),
             api: JsonDocument::from_str(API).unwrap(),
@@ -177,6 +179,20 @@ impl FakeHost {
     }
 }
 
+/// No merged discovery document is kept in shared data in these tests (every configuration
+/// here is unversioned, compiled inline); `shared_discovery`'s own tests cover the store.
+struct NoSharedData;
+
+impl SharedData for NoSharedData {
+    fn get(&self, _key: &str) -> Result<Option<Versioned>, StoreError> {
+        Ok(None)
+    }
+
+    fn set(&self, _key: &str, _value: &[u8], _cas: Option<u32>) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
 impl Host for FakeHost {
     fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, Status> {
         self.call("request_headers", format_args!(""))?;
@@ -262,6 +278,10 @@ impl Host for FakeHost {
     fn now(&mut self) -> Result<Duration, Status> {
         self.call("now", format_args!(""))?;
         Ok(self.now)
+    }
+
+    fn shared_data(&self) -> &dyn SharedData {
+        &NoSharedData
     }
 
     fn log(&mut self, level: log::Level, message: fmt::Arguments<'_>) {
