@@ -269,7 +269,7 @@ impl<H: Host> Request<H> {
 
     /// The replacement goes out in place of the first chunk, and every later chunk of the
     /// original is dropped. Nothing is buffered: buffering a document larger than Envoy's
-    /// buffer limit (1 MiB by default; merged discovery may be 4 MiB) makes Envoy reset the
+    /// buffer limit (1 MiB by default; merged discovery may be 12 MiB) makes Envoy reset the
     /// stream from inside the host call, which re-enters the VM and takes Envoy down.
     pub fn on_response_body(&mut self, body_size: usize) -> Action {
         let Some(replacement) = &self.replacement else {
