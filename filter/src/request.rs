@@ -287,6 +287,11 @@ impl<H: Host> Request<H> {
             );
         }
         self.replacement_sent = true;
+        // A document copied out of shared data is not needed once sent: free it now rather
+        // than when the stream ends (later chunks send nothing).
+        if let Some(ReplacementBody::Fetched(bytes)) = &mut self.replacement {
+            *bytes = Vec::new();
+        }
         Action::Continue
     }
 }

@@ -532,6 +532,69 @@ mod tests {
     }
 
     #[test]
+    fn a_replacement_fetches_its_stored_document_or_becomes_a_retryable_503() {
+        use crate::config::{FilterConfig, SCHEMA_VERSION};
+        use crate::plan::{CompiledConfig, HeaderOp, ReplaceCause, Replacement, ReplacementBody};
+        let store = Memory::default();
+        let routing = FilterConfig {
+            schema: SCHEMA_VERSION,
+            local_apiserver: "apiserver-a".into(),
+            peer_clusters: BTreeMap::new(),
+            group_versions: Vec::new(),
+            discovery: None,
+            pending_peers: Vec::new(),
+            fallback: None,
+        };
+        let replacement = |compiled: &CompiledConfig| {
+            let headers = DiscoveryHeaders {
+                accept: Some(V2.as_bytes()),
+                ..Default::default()
+            };
+            let merged = compiled.discovery.as_ref().unwrap();
+            let (Some(choice), _) = merged.negotiate("GET", "/apis", headers) else {
+                panic!("/apis is answered");
+            };
+            Replacement {
+                cause: ReplaceCause::MergedDiscovery,
+                status: 200,
+                headers: Vec::new(),
+                body: ReplacementBody::Discovery(choice),
+                counter: None,
+            }
+        };
+        // Inline documents: nothing to fetch.
+        let (v0, c0) = config(0, 10);
+        let inline = CompiledConfig::with_discovery(&routing, Some(MergedDiscovery::compile(&c0)));
+        let r = replacement(&inline);
+        assert_eq!(r.clone().fetch_stored(&inline, &store), Ok(r));
+        // Stored: copied in.
+        let stored = CompiledConfig::with_discovery(
+            &routing,
+            Some(publish(&store, &v0, &MergedDiscovery::compile(&c0)).unwrap()),
+        );
+        let fetched = replacement(&stored).fetch_stored(&stored, &store).unwrap();
+        assert_eq!(
+            fetched.body,
+            ReplacementBody::Fetched(c0.apis.get().as_bytes().to_vec())
+        );
+        assert_eq!(fetched.body.bytes(&stored), c0.apis.get().as_bytes());
+        // Evicted (this VM lagged KEEP_VERSIONS configurations behind): a retryable 503.
+        for generation in 1..=KEEP_VERSIONS {
+            let (v, c) = config(generation, 10);
+            publish(&store, &v, &MergedDiscovery::compile(&c)).unwrap();
+        }
+        let gone = replacement(&stored).fetch_stored(&stored, &store).unwrap();
+        assert_eq!(gone.status, 503);
+        assert!(gone.headers.contains(&HeaderOp::Set(
+            "retry-after",
+            std::borrow::Cow::Borrowed(crate::status::RETRY_AFTER)
+        )));
+        assert!(
+            matches!(gone.body, ReplacementBody::Status(ref b) if b.contains("ServiceUnavailable"))
+        );
+    }
+
+    #[test]
     fn a_manifest_of_another_version_is_refused() {
         let store = Memory::default();
         let (v1, c1) = config(1, 10);
