@@ -15,11 +15,13 @@ pub const INTERNAL_PREFIX: &str = "x-skewgate-";
 /// The header Envoy's peer route reads as `cluster_header`.
 pub const UPSTREAM_CLUSTER: &str = "x-skewgate-upstream-cluster";
 
-/// Set on requests kube-apiserver bounds by its `--request-timeout` (everything but watches,
-/// proxy, exec, attach, port-forward and logs); Envoy's routes give these a timeout.
+/// Set on requests kube-apiserver does not bound by its `--request-timeout` (watches, proxy,
+/// exec, attach, port-forward, logs, and what it cannot parse); Envoy's routes give every other
+/// request a timeout. The rare long-running request carries the header, not the common short
+/// one: one header write fewer on almost every request (BENCHMARKS.md, section 4).
 pub const REQUEST_CLASS: &str = "x-skewgate-request-class";
-/// The value of [`REQUEST_CLASS`] for a bounded request.
-pub const SHORT_REQUEST: &str = "short";
+/// The value of [`REQUEST_CLASS`] for an unbounded request.
+pub const UNBOUNDED_REQUEST: &str = "unbounded";
 
 /// Headers that carry identity for requestheader authentication (`--requestheader-*-headers`):
 /// `X-Remote-User`, `X-Remote-Group`, `X-Remote-Extra-*`, and any other `X-Remote-` name an

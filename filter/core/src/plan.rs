@@ -17,7 +17,7 @@ use std::fmt;
 use crate::config::{FallbackMode, FilterConfig, UpstreamAuth, LOCAL_CLUSTER};
 use crate::discovery::{DiscoveryChoice, DiscoveryHeaders, MergedDiscovery, PassReason};
 use crate::group_version::GroupVersion;
-use crate::hygiene::{self, PEER_PROXIED, REQUEST_CLASS, SHORT_REQUEST, UPSTREAM_CLUSTER};
+use crate::hygiene::{self, PEER_PROXIED, REQUEST_CLASS, UNBOUNDED_REQUEST, UPSTREAM_CLUSTER};
 use crate::identity::{self, ClientIdentity, IdentityError};
 use crate::local_reply::{self, RoutedTo};
 pub use crate::metrics::{Counter, GvrLabel, MetricLabels, PeerError};
@@ -259,8 +259,11 @@ impl Forward<'_> {
             }
             Route::Table(_) => {}
         }
-        if self.class == RequestClass::Short {
-            ops.push(HeaderOp::Set(REQUEST_CLASS, Cow::Borrowed(SHORT_REQUEST)));
+        if self.class == RequestClass::Unbounded {
+            ops.push(HeaderOp::Set(
+                REQUEST_CLASS,
+                Cow::Borrowed(UNBOUNDED_REQUEST),
+            ));
         }
         ops.push(HeaderOp::Set(
             UPSTREAM_CLUSTER,
@@ -1008,6 +1011,13 @@ mod tests {
             assert_eq!(f.auth.upstream(), auth, "{path}");
             assert_eq!(f.cluster, cluster, "{path}");
             assert_eq!(f.class, class, "{path}");
+            // Envoy's routes read the class from this header: only an unbounded request
+            // carries it (any other gets the short-request timeout).
+            let marked = f.header_ops().contains(&HeaderOp::Set(
+                "x-skewgate-request-class",
+                Cow::Borrowed("unbounded"),
+            ));
+            assert_eq!(marked, class == RequestClass::Unbounded, "{path}");
             let got = f.response.served.as_ref();
             let got = got.map(|s| (s.by, s.target.to_string()));
             let want = served.map(|(by, target)| (by, target.to_string()));
@@ -1068,7 +1078,6 @@ mod tests {
                 HeaderOp::Add("x-remote-group", b("a")),
                 HeaderOp::Add("x-remote-group", b("b")),
                 HeaderOp::Set("x-kubernetes-peer-proxied", b("true")),
-                HeaderOp::Set("x-skewgate-request-class", b("short")),
                 HeaderOp::Set("x-skewgate-upstream-cluster", b("p133-identity")),
             ]
         );
@@ -1118,7 +1127,6 @@ mod tests {
                 HeaderOp::Set("accept", Cow::Borrowed("application/json")),
                 HeaderOp::Remove("if-none-match"),
                 HeaderOp::Remove("accept-encoding"),
-                HeaderOp::Set("x-skewgate-request-class", Cow::Borrowed("short")),
                 HeaderOp::Set(
                     "x-skewgate-upstream-cluster",
                     Cow::Borrowed("skewgate-local-token")

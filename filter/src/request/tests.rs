@@ -347,9 +347,23 @@ fn request_headers_table() {
             action: Action::Continue,
             after: &[
                 ("x-skewgate-upstream-cluster", &["skewgate-local-token"]),
-                ("x-skewgate-request-class", &["short"]),
+                ("x-skewgate-request-class", &[]),
                 ("x-kubernetes-peer-proxied", &[]),
                 ("authorization", &["Bearer abc"]),
+            ],
+            counters: &[],
+            sent: None,
+        },
+        Case {
+            name: "a client's unbounded class is removed from a short request",
+            method: "GET",
+            path: DEPLOYMENTS.as_bytes(),
+            headers: &[TOKEN, ("X-Skewgate-Request-Class", b"unbounded")],
+            subject: None,
+            action: Action::Continue,
+            after: &[
+                ("x-skewgate-upstream-cluster", &["skewgate-local-token"]),
+                ("x-skewgate-request-class", &[]),
             ],
             counters: &[],
             sent: None,
@@ -363,7 +377,7 @@ fn request_headers_table() {
             action: Action::Continue,
             after: &[
                 ("x-skewgate-upstream-cluster", &["p133-token"]),
-                ("x-skewgate-request-class", &["short"]),
+                ("x-skewgate-request-class", &[]),
                 ("x-kubernetes-peer-proxied", &["true"]),
             ],
             // Counted when the response starts, with its status.
@@ -383,8 +397,8 @@ fn request_headers_table() {
                 ("x-remote-extra-scopes", &[]),
                 ("x-kubernetes-peer-proxied", &[]),
                 ("x-kubernetes-apiserver-rerouted", &[]),
-                // A watch is unbounded: the spoofed class is gone and not set again.
-                ("x-skewgate-request-class", &[]),
+                // A watch is unbounded: the spoofed class is replaced.
+                ("x-skewgate-request-class", &["unbounded"]),
                 ("x-skewgate-upstream-cluster", &["skewgate-local-anonymous"]),
                 ("impersonate-user", &["bob"]),
             ],
@@ -461,7 +475,7 @@ fn request_headers_table() {
             action: Action::Continue,
             after: &[
                 ("x-skewgate-upstream-cluster", &["skewgate-local-anonymous"]),
-                ("x-skewgate-request-class", &["short"]),
+                ("x-skewgate-request-class", &[]),
             ],
             counters: &[],
             sent: None,
@@ -483,7 +497,7 @@ fn request_headers_table() {
                 ("if-none-match", &[]),
                 ("accept-encoding", &[]),
                 ("x-skewgate-upstream-cluster", &["skewgate-local-token"]),
-                ("x-skewgate-request-class", &["short"]),
+                ("x-skewgate-request-class", &[]),
             ],
             counters: &[],
             sent: None,
@@ -664,10 +678,10 @@ fn unmappable_certificate_gets_a_401_status() {
     assert_eq!(req.host.infos().len(), 1);
 }
 
-/// A plain GET costs what it did before the plan: read the headers and the certificate, set
-/// the class and the cluster, clear the route cache.
+/// A plain (short) GET makes four host calls: read the headers and the certificate, set the
+/// cluster, clear the route cache; a short request carries no class header.
 #[test]
-fn a_plain_request_makes_five_host_calls() {
+fn a_plain_request_makes_four_host_calls() {
     let host = FakeHost {
         request: request_headers("GET", DEPLOYMENTS.as_bytes(), &[TOKEN]),
         ..FakeHost::default()
@@ -679,7 +693,6 @@ fn a_plain_request_makes_five_host_calls() {
         [
             "request_headers ",
             "property connection.subject_peer_certificate",
-            "set_header Request x-skewgate-request-class Some(\"short\")",
             "set_header Request x-skewgate-upstream-cluster Some(\"skewgate-local-token\")",
             "clear_route_cache ",
         ]
@@ -688,7 +701,7 @@ fn a_plain_request_makes_five_host_calls() {
     req.host.response = vec![(":status".into(), b"200".to_vec())];
     assert_eq!(req.on_response_headers(false), Action::Continue);
     assert_eq!(req.on_response_body(10), Action::Continue);
-    assert_eq!(req.host.calls.len(), 6);
+    assert_eq!(req.host.calls.len(), 5);
     assert!(req.host.bodies.is_empty());
 }
 
