@@ -11,6 +11,7 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, Status};
+use skewgate_core::client_cert;
 use skewgate_core::log_limit::LogLimit;
 use skewgate_core::metrics::Counter;
 use skewgate_core::plan::{
@@ -104,11 +105,20 @@ impl<H: Host> Request<H> {
 
     fn route_request(&mut self) -> Result<Action, Status> {
         let headers = self.host.request_headers()?;
-        let subject = self
-            .host
-            .property(&["connection", "subject_peer_certificate"])?;
-        let forward = match plan::plan_request(&headers, subject.as_deref(), &self.config.compiled)
-        {
+        // The verified client certificate's subject, set by Envoy in a header it never lets a
+        // client's copy through (docs/ARCHITECTURE.md, "Step 2"): no property call.
+        let subject = match client_cert::subject(&headers) {
+            Ok(subject) => subject,
+            Err(e) => {
+                self.host.log(
+                    log::Level::Error,
+                    format_args!("skewgate: reading the client certificate failed: {e}"),
+                );
+                send_local(&mut self.host, &LocalReply::host_failure())?;
+                return Ok(Action::Pause);
+            }
+        };
+        let forward = match plan::plan_request(&headers, subject, &self.config.compiled) {
             RequestPlan::Forward(forward) => forward,
             RequestPlan::RefuseCertificate {
                 subject,

@@ -170,6 +170,12 @@ async fn spoofed_remote_headers_never_change_the_identity() -> Result<()> {
         ("X-Remote-User", "system:admin"),
         ("X-Remote-Group", "system:masters"),
         ("x-remote-extra-scopes", "everything"),
+        // The header Envoy writes the verified certificate's subject into, which the filter
+        // reads: Envoy must replace or remove a client's copy before the filter runs.
+        (
+            "X-Forwarded-Client-Cert",
+            "Hash=00;Subject=\"O=system:masters+CN=system:admin\"",
+        ),
     ];
     let (token, _) = bob();
     // (client certificate, token, expected user, expected authenticator)

@@ -14,6 +14,7 @@
     )
 )]
 
+pub mod client_cert;
 pub mod config;
 pub mod discovery;
 pub mod group_version;

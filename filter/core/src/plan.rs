@@ -283,8 +283,9 @@ fn first<'a, N: AsRef<str>, V: AsRef<[u8]>>(headers: &'a [(N, V)], name: &str) -
 }
 
 /// Decide everything about a request from its headers (names and raw values, as Envoy gives
-/// them), the subject of its verified client certificate (`connection.subject_peer_certificate`,
-/// empty or `None` without one), and the compiled configuration.
+/// them), the subject of its verified client certificate (from Envoy's `x-forwarded-client-cert`,
+/// [`client_cert::subject`](crate::client_cert::subject); empty or `None` without one), and the
+/// compiled configuration.
 pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
     headers: &'a [(N, V)],
     subject: Option<&'a [u8]>,
