@@ -9,7 +9,7 @@
 //! `connection.subject_peer_certificate` property returns, quoted without further escaping:
 //! RFC 2253 already escapes every `"` and `\` in it (measured on Envoy 1.40, the strings are in
 //! the tests). Reading it from the request headers the filter reads anyway saves a property
-//! call per request (BENCHMARKS.md, section 4).
+//! call per request (BENCHMARKS.md, "Per-request cost").
 //!
 //! Anything else in the header cannot come from that configuration: it is refused, and the
 //! request fails closed, rather than guessed at.

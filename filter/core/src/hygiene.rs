@@ -18,7 +18,7 @@ pub const UPSTREAM_CLUSTER: &str = "x-skewgate-upstream-cluster";
 /// Set on requests kube-apiserver does not bound by its `--request-timeout` (watches, proxy,
 /// exec, attach, port-forward, logs, and what it cannot parse); Envoy's routes give every other
 /// request a timeout. The rare long-running request carries the header, not the common short
-/// one: one header write fewer on almost every request (BENCHMARKS.md, section 4).
+/// one: one header write fewer on almost every request (BENCHMARKS.md, "Per-request cost").
 pub const REQUEST_CLASS: &str = "x-skewgate-request-class";
 /// The value of [`REQUEST_CLASS`] for an unbounded request.
 pub const UNBOUNDED_REQUEST: &str = "unbounded";
