@@ -13,13 +13,15 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde::Serialize;
+use skewgate_core::config::OpenApiPeerEntry;
 use skewgate_core::group_version::GroupVersion;
 
 use crate::discovery::documents::DiscoveryDocuments;
 use crate::discovery::payload;
 use crate::discovery::ServedApis;
 use crate::envoy::{Address, EnvoyError};
-use crate::routing::{self, Peer, RoutingPlan};
+use crate::openapi::{self, PeerRoot};
+use crate::routing::{self, Peer, PeerCluster, RoutingPlan};
 use crate::xds::{Snapshot, SnapshotInputs};
 
 /// One apiserver as composition sees it.
@@ -117,6 +119,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
     let mut servers: Vec<(String, &DiscoveryDocuments)> =
         vec![(inputs.local.id.to_string(), local_docs)];
     let mut served = vec![(inputs.local.id.to_string(), local_served.clone())];
+    let mut openapi_roots = Vec::new();
     for peer in inputs.peers {
         if peer.id == inputs.local.id {
             unrouted.push(Unrouted {
@@ -140,6 +143,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
                 });
                 addresses.push((peer.id.to_string(), peer.address.clone()));
                 servers.push((peer.id.to_string(), docs));
+                openapi_roots.push((peer.id, s.clone(), docs.openapi.as_ref()));
                 served.push((peer.id.to_string(), s));
             }
             Err(e) => unrouted.push(Unrouted {
@@ -197,6 +201,12 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         inputs.shared_storage,
     );
     routing.config.pending_peers = pending.clone();
+    add_openapi_entries(
+        &mut routing,
+        &local_served,
+        inputs.shared_storage,
+        &openapi_roots,
+    );
     let merged = match payload::discovery_config(inputs.local.id, &servers) {
         Ok(mut discovery) => {
             discovery.unavailable = stale.iter().map(GroupVersion::api_path).collect();
@@ -242,6 +252,45 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         retained,
         pending,
     })
+}
+
+/// The OpenAPI v3 entries of peer-only group-versions (docs/ARCHITECTURE.md "OpenAPI v3"),
+/// each with the cluster of exactly the peers that list it (created if no resource needs it).
+fn add_openapi_entries(
+    routing: &mut RoutingPlan,
+    local: &ServedApis,
+    shared_storage: &BTreeSet<GroupVersion>,
+    roots: &[(&str, ServedApis, Option<&openapi::OpenApiRoot>)],
+) {
+    let peers: Vec<PeerRoot<'_>> = roots
+        .iter()
+        .map(|(id, served, root)| PeerRoot {
+            id,
+            served,
+            root: *root,
+        })
+        .collect();
+    for (path, entry) in openapi::peer_entries(local, shared_storage, &peers) {
+        let name = routing::peer_cluster_name(&entry.peer_ids);
+        if !routing.config.peer_clusters.contains_key(&name) {
+            routing
+                .config
+                .peer_clusters
+                .insert(name.clone(), entry.peer_ids.clone());
+            routing.clusters.push(PeerCluster {
+                name: name.clone(),
+                peer_ids: entry.peer_ids,
+            });
+        }
+        routing.config.openapi_v3.insert(
+            path,
+            OpenApiPeerEntry {
+                server_relative_url: entry.server_relative_url,
+                peer_cluster: name,
+            },
+        );
+    }
+    routing.clusters.sort_by(|a, b| a.name.cmp(&b.name));
 }
 
 #[cfg(test)]
@@ -382,5 +431,57 @@ mod tests {
             .config
             .pending_peers
             .is_empty());
+    }
+
+    #[test]
+    fn peer_only_openapi_entries_go_into_the_config_with_their_cluster() {
+        let url = "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=AB";
+        let mut peer_docs = documents("k8s-1.33");
+        peer_docs.openapi = Some(crate::openapi::OpenApiRoot {
+            paths: [
+                ("apis/coordination.k8s.io/v1beta1", url),
+                // The local 1.30 apiserver serves apps/v1: its own entry stands.
+                ("apis/apps/v1", "/openapi/v3/apis/apps/v1?hash=CD"),
+            ]
+            .into_iter()
+            .map(|(p, u)| (p.to_string(), u.to_string()))
+            .collect(),
+        });
+        let address = addr("127.0.0.2:6443");
+        let p = plan_with(
+            &[ApiserverView {
+                id: "apiserver-b",
+                address: &address,
+                documents: Some(&peer_docs),
+            }],
+            &[],
+        );
+        let config = &p.routing.config;
+        assert_eq!(
+            config.openapi_v3.keys().collect::<Vec<_>>(),
+            ["apis/coordination.k8s.io/v1beta1"]
+        );
+        let entry = &config.openapi_v3["apis/coordination.k8s.io/v1beta1"];
+        assert_eq!(entry.server_relative_url, url);
+        assert_eq!(
+            config.peer_clusters[&entry.peer_cluster],
+            ["apiserver-b".to_string()]
+        );
+        assert!(p
+            .routing
+            .clusters
+            .iter()
+            .any(|c| c.name == entry.peer_cluster));
+        // Without the peer's root there is nothing to add.
+        peer_docs.openapi = None;
+        let p = plan_with(
+            &[ApiserverView {
+                id: "apiserver-b",
+                address: &address,
+                documents: Some(&peer_docs),
+            }],
+            &[],
+        );
+        assert!(p.routing.config.openapi_v3.is_empty());
     }
 }

@@ -168,6 +168,7 @@ pub fn build(
         config: FilterConfig {
             fallback: None,
             pending_peers: Vec::new(),
+            openapi_v3: Default::default(),
             schema: SCHEMA_VERSION,
             local_apiserver: local_id.to_owned(),
             peer_clusters,

@@ -50,6 +50,8 @@ pub trait Host {
     ) -> Result<(), Status>;
     /// Replace the first `size` bytes of the response body chunk at hand with `body`.
     fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), Status>;
+    /// The first `size` bytes of the response body buffered so far.
+    fn response_body(&mut self, size: usize) -> Result<Option<Bytes>, Status>;
     /// Define a counter named `name` (Envoy: `wasmcustom.<name>`); its id.
     fn define_metric(&mut self, name: &str) -> Result<u32, Status>;
     fn increment_metric(&mut self, id: u32) -> Result<(), Status>;
@@ -101,6 +103,10 @@ impl Host for ProxyHost {
 
     fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), Status> {
         hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, body)
+    }
+
+    fn response_body(&mut self, size: usize) -> Result<Option<Bytes>, Status> {
+        hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)
     }
 
     fn define_metric(&mut self, name: &str) -> Result<u32, Status> {

@@ -14,6 +14,7 @@ use proxy_wasm::types::{Action, Status};
 use skewgate_core::client_cert;
 use skewgate_core::log_limit::LogLimit;
 use skewgate_core::metrics::Counter;
+use skewgate_core::openapi;
 use skewgate_core::plan::{
     self, CompiledConfig, HeaderOp, LocalReply, ReplaceCause, ReplacementBody, RequestPlan,
     ResponseDecision, ResponsePlan, Route, ServedBy,
@@ -72,6 +73,8 @@ pub struct Request<H> {
     replacement: Option<ReplacementBody>,
     /// The replacement body went out with the first chunk.
     replacement_sent: bool,
+    /// The local `/openapi/v3` answer is being buffered to add the peer-only entries to.
+    openapi_root: bool,
 }
 
 impl<H: Host> Request<H> {
@@ -83,6 +86,7 @@ impl<H: Host> Request<H> {
             response: ResponsePlan::default(),
             replacement: None,
             replacement_sent: false,
+            openapi_root: false,
         }
     }
 
@@ -184,9 +188,10 @@ impl<H: Host> Request<H> {
                 format_args!("skewgate: host call failed while mapping a reply: {e:?}"),
             );
         }
-        if end_of_stream && self.replacement.is_some() {
-            // No body follows (HEAD): nothing to replace.
+        if end_of_stream {
+            // No body follows (HEAD): nothing to replace or add to.
             self.replacement = None;
+            self.openapi_root = false;
         }
         Action::Continue
     }
@@ -222,6 +227,11 @@ impl<H: Host> Request<H> {
                 return Ok(());
             }
             ResponseDecision::Replace(replacement) => replacement,
+            ResponseDecision::AddOpenApiEntries(headers) => {
+                apply(&mut self.host, Headers::Response, &headers)?;
+                self.openapi_root = true;
+                return Ok(());
+            }
         };
         // A merged document kept in shared data is copied in now, while the headers can
         // still become a 503 if it is gone.
@@ -281,7 +291,10 @@ impl<H: Host> Request<H> {
     /// original is dropped. Nothing is buffered: buffering a document larger than Envoy's
     /// buffer limit (1 MiB by default; merged discovery may be 12 MiB) makes Envoy reset the
     /// stream from inside the host call, which re-enters the VM and takes Envoy down.
-    pub fn on_response_body(&mut self, body_size: usize) -> Action {
+    pub fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.openapi_root {
+            return self.add_openapi_entries(body_size, end_of_stream);
+        }
         let Some(replacement) = &self.replacement else {
             return Action::Continue;
         };
@@ -301,6 +314,56 @@ impl<H: Host> Request<H> {
         // than when the stream ends (later chunks send nothing).
         if let Some(ReplacementBody::Fetched(bytes)) = &mut self.replacement {
             *bytes = Vec::new();
+        }
+        Action::Continue
+    }
+}
+
+impl<H: Host> Request<H> {
+    /// The one body the filter buffers: the local `/openapi/v3` answer (a few KiB), held until
+    /// it is complete, then sent with the peer-only entries added. Past
+    /// [`openapi::MAX_ROOT_BYTES`] it is released unchanged, long before Envoy's buffer limit;
+    /// an answer that is not a root stands too (docs/ARCHITECTURE.md "OpenAPI v3").
+    fn add_openapi_entries(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if body_size > openapi::MAX_ROOT_BYTES {
+            self.openapi_root = false;
+            self.host.log(
+                log::Level::Warn,
+                format_args!(
+                    "skewgate: the local /openapi/v3 answer exceeds {} bytes; passing it without \
+                     the peer-only entries",
+                    openapi::MAX_ROOT_BYTES
+                ),
+            );
+            return Action::Continue;
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.openapi_root = false;
+        let local = match self.host.response_body(body_size) {
+            Ok(body) => body.unwrap_or_default(),
+            Err(e) => {
+                self.host.log(
+                    log::Level::Error,
+                    format_args!("skewgate: reading the local /openapi/v3 answer failed: {e:?}"),
+                );
+                return Action::Continue;
+            }
+        };
+        match openapi::union_root(&local, &self.config.compiled.openapi) {
+            Ok(union) => {
+                if let Err(e) = self.host.replace_response_body(body_size, &union) {
+                    self.host.log(
+                        log::Level::Error,
+                        format_args!("skewgate: replacing the /openapi/v3 answer failed: {e:?}"),
+                    );
+                }
+            }
+            Err(e) => self.host.log(
+                log::Level::Info,
+                format_args!("skewgate: {e}; the local answer stands"),
+            ),
         }
         Action::Continue
     }
@@ -388,8 +451,8 @@ impl HttpContext for Request<ProxyHost> {
         self.on_response_headers(end_of_stream)
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
-        self.on_response_body(body_size)
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.on_response_body(body_size, end_of_stream)
     }
 }
 

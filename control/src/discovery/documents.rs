@@ -28,6 +28,8 @@ pub struct DiscoveryDocuments {
     pub apis: APIGroupDiscoveryList,
     /// `/api`: the core group (one item named `""`).
     pub api: APIGroupDiscoveryList,
+    /// `/openapi/v3`, when the apiserver answered it (docs/ARCHITECTURE.md "OpenAPI v3").
+    pub openapi: Option<crate::openapi::OpenApiRoot>,
 }
 
 impl DiscoveryDocuments {
@@ -68,7 +70,11 @@ impl DiscoveryDocuments {
                 dir: dir.to_path_buf(),
             });
         }
-        Ok(DiscoveryDocuments { apis, api })
+        Ok(DiscoveryDocuments {
+            apis,
+            api,
+            openapi: None,
+        })
     }
 
     /// Only the resources (and subresources) `keep` lists, in this apiserver's own order and
@@ -99,6 +105,8 @@ impl DiscoveryDocuments {
         DiscoveryDocuments {
             apis: restrict(&self.apis),
             api: restrict(&self.api),
+            // A retained apiserver's documents are nobody's to route to.
+            openapi: None,
         }
     }
 

@@ -191,6 +191,7 @@ pub fn local_only_config(local_apiserver: &str) -> FilterConfig {
         group_versions: Vec::new(),
         discovery: None,
         pending_peers: Vec::new(),
+        openapi_v3: Default::default(),
         fallback: Some(Fallback {
             mode: FallbackMode::LocalOnly,
             local_cluster: FALLBACK_LOCAL_CLUSTER.to_string(),

@@ -20,6 +20,10 @@ use super::client::ClientTemplate;
 use super::content_type::{classify_content_type, DocumentFormat, DISCOVERY_ACCEPT, LEGACY_ACCEPT};
 use super::error::{FetchError, SetupError};
 use crate::discovery::legacy::{self, VersionOutcome};
+use crate::openapi::OpenApiRoot;
+
+/// The OpenAPI v3 root (docs/ARCHITECTURE.md "OpenAPI v3").
+const OPENAPI_ROOT: &str = skewgate_core::openapi::ROOT_PATH;
 
 /// Limits of one fetcher.
 #[derive(Debug, Clone)]
@@ -100,6 +104,8 @@ impl Answer {
 pub struct Fetched {
     pub apis: Answer,
     pub api: Answer,
+    /// `/openapi/v3`; `None` when it could not be fetched or used (the last one is kept).
+    pub openapi: Option<OpenApiRoot>,
 }
 
 impl Fetched {
@@ -122,9 +128,13 @@ impl Fetched {
     /// The documents, a 304 taking the one of `last`. `None` only for a 304 without `last`
     /// (which does not happen when ETags and documents are kept together).
     pub fn into_documents(self, last: Option<&DiscoveryDocuments>) -> Option<DiscoveryDocuments> {
+        let openapi = self
+            .openapi
+            .or_else(|| last.and_then(|l| l.openapi.clone()));
         Some(DiscoveryDocuments {
             apis: self.apis.into_list(last.map(|l| &l.apis))?,
             api: self.api.into_list(last.map(|l| &l.api))?,
+            openapi,
         })
     }
 
@@ -279,11 +289,43 @@ impl DiscoveryFetcher {
     /// A renewed peer CA file is picked up first.
     pub async fn fetch(&self, conditional: Option<&Etags>) -> Result<Fetched, FetchError> {
         self.follow_peer_ca();
-        let (apis, api) = tokio::try_join!(
-            self.fetch_root("/apis", conditional.and_then(|e| e.apis.as_deref())),
-            self.fetch_root("/api", conditional.and_then(|e| e.api.as_deref())),
-        )?;
-        Ok(Fetched { apis, api })
+        let (discovery, openapi) = tokio::join!(
+            async {
+                tokio::try_join!(
+                    self.fetch_root("/apis", conditional.and_then(|e| e.apis.as_deref())),
+                    self.fetch_root("/api", conditional.and_then(|e| e.api.as_deref())),
+                )
+            },
+            self.fetch_openapi(),
+        );
+        let (apis, api) = discovery?;
+        Ok(Fetched { apis, api, openapi })
+    }
+
+    /// `/openapi/v3`, with discovery's timeout and size limit. Optional: an apiserver that
+    /// does not answer it (or answers garbage) keeps its discovery, and its group-versions
+    /// only the local apiserver's OpenAPI (docs/ARCHITECTURE.md "OpenAPI v3").
+    async fn fetch_openapi(&self) -> Option<OpenApiRoot> {
+        let url = self.full_url(OPENAPI_ROOT);
+        let raw = match self.get(OPENAPI_ROOT, "application/json", None, None).await {
+            Ok(raw) => raw,
+            Err(e) => {
+                tracing::debug!(apiserver = %self.inner.id, error = %e, "no /openapi/v3");
+                return None;
+            }
+        };
+        match OpenApiRoot::parse(&raw.body, self.inner.config.max_bytes) {
+            Ok((root, refused)) => {
+                if !refused.is_empty() {
+                    tracing::warn!(apiserver = %self.inner.id, %url, ?refused, "/openapi/v3 entries left out");
+                }
+                Some(root)
+            }
+            Err(e) => {
+                tracing::warn!(apiserver = %self.inner.id, %url, error = %e, "/openapi/v3 unusable");
+                None
+            }
+        }
     }
 
     /// Fetch both documents unconditionally.
@@ -595,6 +637,7 @@ mod tests {
         let last = DiscoveryDocuments {
             apis: apis.clone(),
             api: crate::discovery::documents::empty_list(),
+            openapi: None,
         };
         let previous = Etags {
             apis: Some("\"a1\"".into()),
@@ -603,6 +646,7 @@ mod tests {
         let both = Fetched {
             apis: Answer::NotModified,
             api: Answer::NotModified,
+            openapi: None,
         };
         assert!(both.not_modified());
         assert_eq!(both.etags(Some(&previous)), previous);
@@ -612,6 +656,7 @@ mod tests {
         let mixed = Fetched {
             apis: Answer::NotModified,
             api: doc(crate::discovery::documents::empty_list(), "\"c2\""),
+            openapi: None,
         };
         assert!(!mixed.not_modified());
         assert_eq!(

@@ -95,6 +95,7 @@ impl StateDir {
                             documents: Arc::new(DiscoveryDocuments {
                                 apis: stored.apis,
                                 api: stored.api,
+                                openapi: None,
                             }),
                             left_at,
                         },

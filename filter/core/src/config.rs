@@ -49,6 +49,11 @@ pub struct FilterConfig {
     /// (that peer may serve it), never passed to the local apiserver's 404.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_peers: Vec<String>,
+    /// OpenAPI v3 entries of the group-versions the local apiserver does not serve and a live
+    /// peer does, by root path (`apis/<g>/<v>`): added to the local `/openapi/v3` answer, and
+    /// their documents routed to that peer (docs/ARCHITECTURE.md "OpenAPI v3").
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub openapi_v3: BTreeMap<String, OpenApiPeerEntry>,
     /// Set only in the configuration Envoy's bootstrap holds as the ECDS `default_config`: what
     /// the filter runs when the control plane did not configure it within the bootstrap's
     /// wait (`skewgate-control bootstrap --control-plane-wait`). The first configuration from
@@ -184,6 +189,17 @@ pub struct ResourceRoute {
     pub retained: bool,
 }
 
+/// One peer's `/openapi/v3` entry for a group-version the local apiserver does not serve.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenApiPeerEntry {
+    /// As the peer lists it: `/openapi/v3/<path>?hash=<hash of its document>`
+    /// ([`crate::openapi::validate_entry`]).
+    pub server_relative_url: String,
+    /// A key of [`FilterConfig::peer_clusters`]: the peers that list exactly this URL.
+    pub peer_cluster: String,
+}
+
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -291,6 +307,8 @@ struct FilterConfigHead {
     #[serde(default)]
     pending_peers: Vec<String>,
     #[serde(default)]
+    openapi_v3: BTreeMap<String, OpenApiPeerEntry>,
+    #[serde(default)]
     fallback: Option<Fallback>,
 }
 
@@ -353,6 +371,7 @@ impl FilterConfig {
             group_versions: head.group_versions,
             discovery: None,
             pending_peers: head.pending_peers,
+            openapi_v3: head.openapi_v3,
             fallback: head.fallback,
         };
         config.validate()?;
@@ -402,6 +421,23 @@ impl FilterConfig {
         }
         if let Some(discovery) = &self.discovery {
             discovery.validate()?;
+        }
+        if self.openapi_v3.len() > crate::openapi::MAX_ENTRIES {
+            return Err(ConfigError::Invalid(format!(
+                "{} OpenAPI entries, more than the {} allowed",
+                self.openapi_v3.len(),
+                crate::openapi::MAX_ENTRIES
+            )));
+        }
+        for (path, entry) in &self.openapi_v3 {
+            crate::openapi::validate_entry(path, &entry.server_relative_url)
+                .map_err(|e| ConfigError::Invalid(format!("OpenAPI entry {path:?}: {e}")))?;
+            if !self.peer_clusters.contains_key(&entry.peer_cluster) {
+                return Err(ConfigError::Invalid(format!(
+                    "OpenAPI entry {path:?}: peer cluster {:?} is not declared",
+                    entry.peer_cluster
+                )));
+            }
         }
         let mut seen_gv = BTreeSet::new();
         for gv in &self.group_versions {
@@ -550,6 +586,7 @@ mod tests {
         FilterConfig {
             fallback: None,
             pending_peers: Vec::new(),
+            openapi_v3: BTreeMap::new(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([(
@@ -707,5 +744,41 @@ mod tests {
             FilterConfig::from_json(&big),
             Err(ConfigError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn openapi_entries_are_checked() {
+        let entry = |url: &str, cluster: &str| OpenApiPeerEntry {
+            server_relative_url: url.to_string(),
+            peer_cluster: cluster.to_string(),
+        };
+        let path = "apis/coordination.k8s.io/v1beta1";
+        let url = "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=AB";
+        let cases = [
+            (path, entry(url, "skewgate-peers-b"), true),
+            (path, entry(url, "skewgate-peers-undeclared"), false),
+            (
+                path,
+                entry("/openapi/v3/apis/apps/v1?hash=AB", "skewgate-peers-b"),
+                false,
+            ),
+            (
+                "version",
+                entry("/openapi/v3/version", "skewgate-peers-b"),
+                false,
+            ),
+        ];
+        for (path, entry, ok) in cases {
+            let mut c = sample();
+            c.openapi_v3.insert(path.to_string(), entry.clone());
+            assert_eq!(c.validate().is_ok(), ok, "{path} {entry:?}");
+        }
+        let mut c = sample();
+        for i in 0..=crate::openapi::MAX_ENTRIES {
+            let p = format!("apis/g{i}.example/v1");
+            let u = format!("/openapi/v3/{p}");
+            c.openapi_v3.insert(p, entry(&u, "skewgate-peers-b"));
+        }
+        assert!(c.validate().is_err());
     }
 }

@@ -25,6 +25,7 @@ pub mod local_reply;
 pub mod log_limit;
 pub mod metrics;
 pub mod negotiation;
+pub mod openapi;
 pub mod plan;
 pub mod request_info;
 pub mod routing;

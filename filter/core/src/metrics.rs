@@ -257,6 +257,7 @@ mod tests {
         };
         FilterConfig {
             pending_peers: Vec::new(),
+            openapi_v3: Default::default(),
             schema: SCHEMA_VERSION,
             local_apiserver: "a".into(),
             peer_clusters: BTreeMap::new(),

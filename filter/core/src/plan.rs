@@ -21,6 +21,7 @@ use crate::hygiene::{self, PEER_PROXIED, REQUEST_CLASS, UNBOUNDED_REQUEST, UPSTR
 use crate::identity::{self, ClientIdentity, IdentityError};
 use crate::local_reply::{self, RoutedTo};
 pub use crate::metrics::{Counter, GvrLabel, MetricLabels, PeerError};
+use crate::openapi::{self, OpenApiRoute, OpenApiUnion};
 use crate::request_info::RequestInfo;
 use crate::routing::{Decision, Reason, RoutingTable, Upstream};
 use crate::shared_discovery::{self, SharedData, StoreError};
@@ -32,6 +33,8 @@ pub struct CompiledConfig {
     pub table: RoutingTable,
     /// `None` when the control plane sent no merged discovery: discovery goes to local.
     pub discovery: Option<MergedDiscovery>,
+    /// The peer-only OpenAPI v3 entries (empty: every OpenAPI request is the local apiserver's).
+    pub openapi: OpenApiUnion,
     /// The base name of the local apiserver's clusters: [`LOCAL_CLUSTER`] (from the control
     /// plane, CDS), or the bootstrap's static ones in a fallback configuration.
     pub local_cluster: String,
@@ -55,6 +58,7 @@ impl CompiledConfig {
         CompiledConfig {
             table: RoutingTable::compile(config),
             discovery,
+            openapi: OpenApiUnion::compile(&config.openapi_v3),
             local_cluster: config
                 .fallback
                 .as_ref()
@@ -161,11 +165,18 @@ pub enum Route<'a> {
     /// A discovery request we answer from the merged documents once the local apiserver has
     /// authorized it: it gets a plain JSON request for its own document.
     MergedDiscovery,
-    /// What the routing table decided (steps 4-8).
+    /// `GET /openapi/v3` with peer-only entries to add: the local apiserver answers (and
+    /// authorizes) it, in full and unconditionally, so its 200 can get the entries added.
+    OpenApiRoot,
+    /// What the routing table decided (steps 4-8), or for the OpenAPI document of a peer-only
+    /// group-version, the peers that listed it (routed like a resource they serve).
     Table(Decision<'a>),
 }
 
 /// What to do with a request, decided when its headers arrive.
+// Forward is what nearly every request gets: boxing it would allocate per request to save
+// stack in the rare 401/503 answers.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RequestPlan<'a> {
     /// Send it on to an apiserver.
@@ -201,6 +212,8 @@ pub enum Unavailable {
     /// The legacy discovery path of a retained group-version
     /// ([`MergedDiscovery::unavailable`]).
     RetainedDiscovery,
+    /// The OpenAPI v3 document of a retained group-version.
+    RetainedOpenApi,
 }
 
 /// A request to forward.
@@ -248,6 +261,12 @@ impl Forward<'_> {
             Route::MergedDiscovery => ops.extend([
                 HeaderOp::Set("accept", Cow::Borrowed("application/json")),
                 HeaderOp::Remove("if-none-match"),
+                HeaderOp::Remove("accept-encoding"),
+            ]),
+            // The answer must be a full 200 to add entries to: no 304, no compression.
+            Route::OpenApiRoot => ops.extend([
+                HeaderOp::Remove("if-none-match"),
+                HeaderOp::Remove("if-modified-since"),
                 HeaderOp::Remove("accept-encoding"),
             ]),
             Route::Table(Decision {
@@ -362,10 +381,71 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
                 counters,
                 response: ResponsePlan {
                     discovery: Some(choice),
-                    served: None,
+                    ..ResponsePlan::default()
                 },
             });
         }
+    }
+
+    // OpenAPI v3 (docs/ARCHITECTURE.md "OpenAPI v3"): the root gets the peer-only entries, the
+    // document of a peer-only group-version goes to the peers that listed it, and a retained
+    // group-version's document answers 503 like its resources.
+    if let Some(plan) = plan_openapi(&method, &path, compiled) {
+        return match plan {
+            OpenApiPlan::Unavailable { gv } => {
+                let gvr = compiled.labels.of(&gv.group, &gv.version, "");
+                let reply = LocalReply::unavailable(&format!(
+                    "no live apiserver serves {gv} now; the apiserver that served it is gone or \
+                     restarting (retry)"
+                ));
+                RequestPlan::Unavailable {
+                    method,
+                    path,
+                    cause: Unavailable::RetainedOpenApi,
+                    reply,
+                    counter: Counter::Retained { gvr },
+                }
+            }
+            OpenApiPlan::Root => RequestPlan::Forward(Forward {
+                method,
+                path,
+                strip,
+                auth,
+                cluster: upstream_auth.cluster(&compiled.local_cluster),
+                class: RequestClass::Short,
+                route: Route::OpenApiRoot,
+                counters,
+                response: ResponsePlan {
+                    openapi_root: true,
+                    ..ResponsePlan::default()
+                },
+            }),
+            OpenApiPlan::Peer { cluster, gv } => RequestPlan::Forward(Forward {
+                method,
+                path,
+                strip,
+                auth,
+                cluster: upstream_auth.cluster(cluster),
+                class: RequestClass::Short,
+                route: Route::Table(Decision {
+                    upstream: Upstream::Peer { cluster },
+                    reason: Reason::ServedByPeer,
+                }),
+                counters,
+                response: ResponsePlan {
+                    served: Some(Served {
+                        by: ServedBy::Peer,
+                        target: Target {
+                            group_version: gv.clone(),
+                            resource: String::new(),
+                            subresource: String::new(),
+                        },
+                        relayed: false,
+                    }),
+                    ..ResponsePlan::default()
+                },
+            }),
+        };
     }
 
     // Steps 4-8.
@@ -402,10 +482,54 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
         route: Route::Table(decision),
         counters,
         response: ResponsePlan {
-            discovery: None,
             served,
+            ..ResponsePlan::default()
         },
     })
+}
+
+/// What the filter does with an OpenAPI v3 request, if anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum OpenApiPlan<'a> {
+    Root,
+    Peer {
+        cluster: &'a str,
+        gv: &'a GroupVersion,
+    },
+    Unavailable {
+        gv: GroupVersion,
+    },
+}
+
+fn plan_openapi<'a>(
+    method: &str,
+    path: &str,
+    compiled: &'a CompiledConfig,
+) -> Option<OpenApiPlan<'a>> {
+    match compiled.openapi.route(method, path) {
+        OpenApiRoute::Root => return Some(OpenApiPlan::Root),
+        OpenApiRoute::Peer {
+            cluster,
+            group_version,
+        } => {
+            return Some(OpenApiPlan::Peer {
+                cluster,
+                gv: group_version,
+            })
+        }
+        OpenApiRoute::NotOurs => {}
+    }
+    // A retained group-version (its legacy discovery path answers 503 too): a retryable 503,
+    // never the local apiserver's 404 for a document a restarting peer serves again soon.
+    let discovery = compiled.discovery.as_ref()?;
+    let document = path
+        .split_once('?')
+        .map_or(path, |(p, _)| p)
+        .strip_prefix(openapi::DOCUMENT_PREFIX)?;
+    openapi::group_version_of(document)?;
+    discovery
+        .unavailable(method, &format!("/{document}"))
+        .map(|gv| OpenApiPlan::Unavailable { gv: gv.clone() })
 }
 
 /// The 503 for a request the routing table sends nowhere ([`Upstream::Unavailable`]).
@@ -476,6 +600,10 @@ impl Target {
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.resource.is_empty() {
+            // Not a resource: the group-version's OpenAPI document.
+            return write!(f, "{} (OpenAPI v3)", self.group_version);
+        }
         write!(f, "{}, Resource={}", self.group_version, self.resource)?;
         if !self.subresource.is_empty() {
             write!(f, "/{}", self.subresource)?;
@@ -540,6 +668,8 @@ pub struct ResponsePlan {
     /// peer): for the 503 messages, and the 404 safety net. `None` for every other route
     /// (shared storage, served by nobody, non-resource, unparseable, discovery).
     pub served: Option<Served>,
+    /// `GET /openapi/v3` with peer-only entries to add to a 200 answer.
+    pub openapi_root: bool,
 }
 
 /// What replaces the response body.
@@ -658,6 +788,9 @@ fn discovery_evicted(replacement: Replacement<'_>) -> Replacement<'_> {
 pub enum ResponseDecision<'a> {
     Pass,
     Replace(Replacement<'a>),
+    /// The local apiserver's 200 for `/openapi/v3`: apply these header changes now, buffer the
+    /// body (at most [`openapi::MAX_ROOT_BYTES`]) and send [`openapi::union_root`] of it.
+    AddOpenApiEntries(Vec<HeaderOp<'a>>),
 }
 
 /// The `:status` of a response; 0 when absent or unreadable.
@@ -716,6 +849,15 @@ impl ResponsePlan {
     ) -> ResponseDecision<'c> {
         if let Some(replacement) = self.discovery_answer(compiled, code) {
             return ResponseDecision::Replace(replacement);
+        }
+        // Only the apiserver's own 200 (a 401 or 403 stands). The body changes: its length,
+        // ETag and Last-Modified no longer describe it.
+        if self.openapi_root && code == 200 {
+            return ResponseDecision::AddOpenApiEntries(vec![
+                HeaderOp::Remove("content-length"),
+                HeaderOp::Remove("etag"),
+                HeaderOp::Remove("last-modified"),
+            ]);
         }
         if code < 400 {
             return ResponseDecision::Pass;
@@ -871,6 +1013,7 @@ mod tests {
         CompiledConfig::compile(&FilterConfig {
             fallback: None,
             pending_peers: Vec::new(),
+            openapi_v3: Default::default(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([("p133".to_string(), vec!["b".to_string()])]),
@@ -1185,6 +1328,7 @@ mod tests {
         let c = compiled(true);
         let peer = ResponsePlan {
             discovery: None,
+            openapi_root: false,
             served: Some(Served {
                 by: ServedBy::Peer,
                 target: Target {
@@ -1269,6 +1413,7 @@ mod tests {
         let config = FilterConfig {
             fallback: None,
             pending_peers: pending.iter().map(|p| p.to_string()).collect(),
+            openapi_v3: Default::default(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([("p133".to_string(), vec!["b".to_string()])]),
@@ -1347,6 +1492,20 @@ mod tests {
                 Some((RetainedDiscovery, LEGACY)),
             ),
             ("POST", "/apis/resource.k8s.io/v1beta3", false, None),
+            // Its OpenAPI v3 document too; a served group-version's stays local.
+            (
+                "GET",
+                "/openapi/v3/apis/resource.k8s.io/v1beta3?hash=0A",
+                false,
+                Some((RetainedOpenApi, LEGACY)),
+            ),
+            (
+                "GET",
+                "/openapi/v3/apis/resource.k8s.io/v1beta2",
+                false,
+                None,
+            ),
+            ("GET", "/openapi/v3", false, None),
             ("GET", "/apis/resource.k8s.io/v1beta2", false, None),
             ("GET", "/apis/resource.k8s.io", false, None),
             // Served by nobody known: the local 404, unless a peer's discovery is pending.
@@ -1402,7 +1561,9 @@ mod tests {
                     assert_eq!(cause, want_cause, "{name}");
                     let want_counter = match cause {
                         PeerDiscoveryPending => "skewgate_peer_discovery_pending_total",
-                        Retained | RetainedDiscovery => "skewgate_retained_unavailable_total",
+                        Retained | RetainedDiscovery | RetainedOpenApi => {
+                            "skewgate_retained_unavailable_total"
+                        }
                     };
                     assert_eq!(counter.metric_name(), want_counter, "{name}");
                     assert_eq!(reply.code, 503, "{name}");
@@ -1644,6 +1805,7 @@ mod tests {
             group_versions: Vec::new(),
             discovery: None,
             pending_peers: Vec::new(),
+            openapi_v3: Default::default(),
             fallback: Some(Fallback {
                 mode: FallbackMode::LocalOnly,
                 local_cluster: FALLBACK_LOCAL_CLUSTER.into(),
@@ -1710,5 +1872,118 @@ mod tests {
         // A fallback naming an impossible cluster is refused whole.
         let bad = config.to_json().replace(FALLBACK_LOCAL_CLUSTER, "a b");
         assert!(FilterConfig::from_json(bad.as_bytes()).is_err());
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn openapi_root_stays_local_and_peer_only_documents_go_to_the_peer() {
+        let mut config = FilterConfig {
+            fallback: None,
+            pending_peers: Vec::new(),
+            openapi_v3: Default::default(),
+            schema: SCHEMA_VERSION,
+            local_apiserver: "apiserver-a".into(),
+            peer_clusters: BTreeMap::from([("p133".to_string(), vec!["b".to_string()])]),
+            group_versions: Vec::new(),
+            discovery: None,
+        };
+        config.openapi_v3.insert(
+            "apis/resource.k8s.io/v1beta2".into(),
+            crate::config::OpenApiPeerEntry {
+                server_relative_url: "/openapi/v3/apis/resource.k8s.io/v1beta2?hash=B2".into(),
+                peer_cluster: "p133".into(),
+            },
+        );
+        config.validate().unwrap();
+        let with = CompiledConfig::compile(&config);
+        config.openapi_v3.clear();
+        let without = CompiledConfig::compile(&config);
+        #[derive(Debug, PartialEq)]
+        enum Want {
+            /// Local, entries added to its 200.
+            Root,
+            /// To this cluster, with the loop guard.
+            Peer(&'static str),
+            /// Local, untouched.
+            Local,
+        }
+        let cases: &[(&CompiledConfig, &str, &str, Want)] = &[
+            (&with, "GET", "/openapi/v3", Want::Root),
+            (&with, "HEAD", "/openapi/v3", Want::Local),
+            (&without, "GET", "/openapi/v3", Want::Local),
+            (
+                &with,
+                "GET",
+                "/openapi/v3/apis/resource.k8s.io/v1beta2?hash=B2",
+                Want::Peer("p133-token"),
+            ),
+            (
+                &without,
+                "GET",
+                "/openapi/v3/apis/resource.k8s.io/v1beta2?hash=B2",
+                Want::Local,
+            ),
+            (&with, "GET", "/openapi/v3/api/v1?hash=C", Want::Local),
+            (&with, "GET", "/openapi/v2", Want::Local),
+        ];
+        for (c, method, path, want) in cases {
+            let h = headers(
+                method,
+                path,
+                &[("authorization", b"Bearer x"), ("if-none-match", b"\"E\"")],
+            );
+            let RequestPlan::Forward(f) = plan_request(&h, None, c) else {
+                panic!("{method} {path}: not forwarded");
+            };
+            let ops = f.header_ops();
+            let guard = ops.contains(&HeaderOp::Set(PEER_PROXIED, Cow::Borrowed("true")));
+            let unconditional = ops.contains(&HeaderOp::Remove("if-none-match"));
+            let got = match (&f.route, f.cluster.as_str()) {
+                (Route::OpenApiRoot, "skewgate-local-token") => Want::Root,
+                (Route::Table(d), cluster) if d.reason == Reason::ServedByPeer => {
+                    Want::Peer(if cluster == "p133-token" {
+                        "p133-token"
+                    } else {
+                        "?"
+                    })
+                }
+                (Route::Table(_), "skewgate-local-token") => Want::Local,
+                other => panic!("{method} {path}: {other:?}"),
+            };
+            assert_eq!(&got, want, "{method} {path}");
+            assert_eq!(guard, matches!(want, Want::Peer(_)), "{method} {path}");
+            assert_eq!(unconditional, *want == Want::Root, "{method} {path}");
+            assert_eq!(
+                f.response.openapi_root,
+                *want == Want::Root,
+                "{method} {path}"
+            );
+            // The peer's answer is a peer's: rerouted counted, its failures a 503.
+            assert_eq!(
+                f.response.rerouted(c, 200).is_some(),
+                matches!(want, Want::Peer(_)),
+                "{method} {path}"
+            );
+        }
+        // Only the local apiserver's own 200 gets the entries; a 401, 403 or 304 stands.
+        let root = ResponsePlan {
+            openapi_root: true,
+            ..ResponsePlan::default()
+        };
+        assert!(matches!(
+            root.decide(&with, 200, "via_upstream", None),
+            ResponseDecision::AddOpenApiEntries(ops)
+                if ops.contains(&HeaderOp::Remove("content-length"))
+                    && ops.contains(&HeaderOp::Remove("etag"))
+        ));
+        for code in [304, 401, 403, 500] {
+            assert!(
+                !matches!(
+                    root.decide(&with, code, "via_upstream", None),
+                    ResponseDecision::AddOpenApiEntries(_)
+                ),
+                "{code}"
+            );
+        }
     }
 }

@@ -264,6 +264,7 @@ mod tests {
         let config = FilterConfig {
             fallback: None,
             pending_peers: Vec::new(),
+            openapi_v3: Default::default(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([
@@ -519,6 +520,7 @@ mod tests {
         let config = FilterConfig {
             fallback: None,
             pending_peers: pending.iter().map(|p| p.to_string()).collect(),
+            openapi_v3: Default::default(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([("pb".to_string(), vec!["apiserver-b".to_string()])]),

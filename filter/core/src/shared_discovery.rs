@@ -543,6 +543,7 @@ mod tests {
             group_versions: Vec::new(),
             discovery: None,
             pending_peers: Vec::new(),
+            openapi_v3: Default::default(),
             fallback: None,
         };
         let replacement = |compiled: &CompiledConfig| {

@@ -68,6 +68,13 @@ fn compiled_with(pending: &[&str]) -> Rc<Configured> {
     let config = FilterConfig {
         fallback: None,
         pending_peers: pending.iter().map(|p| p.to_string()).collect(),
+        openapi_v3: BTreeMap::from([(
+            "apis/resource.k8s.io/v1beta2".to_string(),
+            skewgate_core::config::OpenApiPeerEntry {
+                server_relative_url: "/openapi/v3/apis/resource.k8s.io/v1beta2?hash=B2".into(),
+                peer_cluster: "p133".into(),
+            },
+        )]),
         schema: SCHEMA_VERSION,
         local_apiserver: "apiserver-a".into(),
         peer_clusters: BTreeMap::from([("p133".to_string(), vec!["apiserver-b".to_string()])]),
@@ -128,6 +135,8 @@ struct FakeHost {
     sent: Option<Sent>,
     /// Each chunk's replacement.
     bodies: Vec<Vec<u8>>,
+    /// The response body the upstream sent (what `response_body` reads).
+    upstream_body: Vec<u8>,
     logs: Vec<(log::Level, String)>,
     /// A call (by name) that fails with `Status::InternalFailure`.
     failing: Option<&'static str>,
@@ -257,6 +266,13 @@ impl Host for FakeHost {
         self.call("replace_response_body", format_args!("{size}"))?;
         self.bodies.push(body.to_vec());
         Ok(())
+    }
+
+    fn response_body(&mut self, size: usize) -> Result<Option<Bytes>, Status> {
+        self.call("response_body", format_args!("{size}"))?;
+        Ok(Some(
+            self.upstream_body.iter().copied().take(size).collect(),
+        ))
     }
 
     fn define_metric(&mut self, name: &str) -> Result<u32, Status> {
@@ -698,7 +714,7 @@ fn a_plain_request_makes_three_host_calls() {
     // An apiserver's answer is read once and passes.
     req.host.response = vec![(":status".into(), b"200".to_vec())];
     assert_eq!(req.on_response_headers(false), Action::Continue);
-    assert_eq!(req.on_response_body(10), Action::Continue);
+    assert_eq!(req.on_response_body(10, false), Action::Continue);
     assert_eq!(req.host.calls.len(), 4);
     assert!(req.host.bodies.is_empty());
 }
@@ -776,7 +792,7 @@ fn round_trip(
     if !end_of_stream {
         // The original body in three chunks.
         for size in [100, 50, 7] {
-            assert_eq!(req.on_response_body(size), Action::Continue);
+            assert_eq!(req.on_response_body(size, false), Action::Continue);
         }
     }
     req
@@ -1389,7 +1405,7 @@ fn only_a_served_404_reads_the_content_type() {
             ("content-type".into(), b"application/json".to_vec()),
         ];
         assert_eq!(req.on_response_headers(false), Action::Continue);
-        assert_eq!(req.on_response_body(10), Action::Continue);
+        assert_eq!(req.on_response_body(10, false), Action::Continue);
         // Reading is what this is about; counting a rerouted response is not a read.
         let reads: Vec<&String> = req.host.calls[before..]
             .iter()
@@ -1407,4 +1423,97 @@ fn logged_paths_are_clipped_at_a_character_boundary() {
     assert!(long.starts_with(clipped));
     assert_eq!(super::clip("/api/v1/pods"), "/api/v1/pods");
     assert_eq!(super::clip(""), "");
+}
+
+/// `GET /openapi/v3`: the local apiserver's 200 is held until complete and sent with the
+/// peer-only entries added; anything else about the answer stays the apiserver's.
+#[test]
+fn the_local_openapi_root_gets_the_peer_only_entries() {
+    let local = br#"{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=L"}}}"#;
+    let union = r#"{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=L"},"apis/resource.k8s.io/v1beta2":{"serverRelativeURL":"/openapi/v3/apis/resource.k8s.io/v1beta2?hash=B2"}}}"#;
+    // (status, body, what the client gets: None = the local body untouched)
+    let cases: &[(&str, &[u8], Option<&str>)] = &[
+        ("200", local, Some(union)),
+        // Not a root: logged, the local answer stands.
+        ("200", b"<html>", None),
+        // Not authorized: no buffering at all.
+        ("403", b"{\"kind\":\"Status\"}", None),
+    ];
+    for (status, body, want) in cases {
+        let host = FakeHost {
+            request: request_headers("GET", b"/openapi/v3", &[TOKEN, ("if-none-match", b"\"x\"")]),
+            upstream_body: body.to_vec(),
+            ..FakeHost::default()
+        };
+        let mut req = request(host);
+        assert_eq!(req.on_request_headers(), Action::Continue);
+        let sent = |n: &str| req.host.request.iter().any(|(k, _)| k == n);
+        assert!(
+            !sent("if-none-match"),
+            "{status}: a 304 has nothing to add to"
+        );
+        req.host.response = vec![
+            (":status".into(), status.as_bytes().to_vec()),
+            ("content-length".into(), body.len().to_string().into_bytes()),
+            ("etag".into(), b"\"local\"".to_vec()),
+        ];
+        assert_eq!(req.on_response_headers(false), Action::Continue);
+        let half = body.len() / 2;
+        let first = req.on_response_body(half, false);
+        let last = req.on_response_body(body.len(), true);
+        assert_eq!(last, Action::Continue, "{status}");
+        let kept = |n: &str| req.host.response.iter().any(|(k, _)| k == n);
+        match want {
+            Some(union) => {
+                assert_eq!(first, Action::Pause, "{status}: held until complete");
+                assert!(!kept("content-length") && !kept("etag"), "{status}");
+                assert_eq!(req.host.bodies, vec![union.as_bytes().to_vec()], "{status}");
+            }
+            None => {
+                assert!(req.host.bodies.is_empty(), "{status}");
+            }
+        }
+    }
+    // Past the cap the body is released unchanged, long before Envoy's buffer limit.
+    let host = FakeHost {
+        request: request_headers("GET", b"/openapi/v3", &[TOKEN]),
+        ..FakeHost::default()
+    };
+    let mut req = request(host);
+    req.on_request_headers();
+    req.host.response = vec![(":status".into(), b"200".to_vec())];
+    req.on_response_headers(false);
+    let cap = skewgate_core::openapi::MAX_ROOT_BYTES;
+    assert_eq!(req.on_response_body(cap, false), Action::Pause);
+    assert_eq!(req.on_response_body(cap + 1, false), Action::Continue);
+    assert_eq!(req.on_response_body(cap + 2, true), Action::Continue);
+    assert!(req.host.bodies.is_empty());
+}
+
+/// The document of a peer-only group-version goes to the peer that listed it, with the loop
+/// guard and the client's identity variant, like a resource that peer serves.
+#[test]
+fn a_peer_only_openapi_document_goes_to_the_peer() {
+    let host = FakeHost {
+        request: request_headers(
+            "GET",
+            b"/openapi/v3/apis/resource.k8s.io/v1beta2?hash=B2",
+            &[TOKEN],
+        ),
+        ..FakeHost::default()
+    };
+    let mut req = request(host);
+    assert_eq!(req.on_request_headers(), Action::Continue);
+    let header = |n: &str| {
+        req.host
+            .request
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| String::from_utf8_lossy(v).to_string())
+    };
+    assert_eq!(
+        header("x-skewgate-upstream-cluster").as_deref(),
+        Some("p133-token")
+    );
+    assert_eq!(header("x-kubernetes-peer-proxied").as_deref(), Some("true"));
 }

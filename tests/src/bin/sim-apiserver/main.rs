@@ -39,6 +39,7 @@ mod store;
 mod table;
 mod tls;
 mod upgrade;
+mod validation;
 mod watch;
 
 use std::io::Write;
@@ -72,6 +73,11 @@ struct Args {
     /// Fixture folder with aggregated_v2.json, api.json and api__v1.json.
     #[arg(long)]
     fixture: PathBuf,
+    /// Folder of real OpenAPI v3 documents (`apis__<g>__<v>_openapi.json`) served for the
+    /// group-versions the fixture serves; default: `../../openapi/<fixture folder name>`
+    /// next to the fixture (`tests/fixtures/openapi/k8s-1.33`), if it exists.
+    #[arg(long)]
+    openapi_fixture: Option<PathBuf>,
     /// gitVersion reported by /version.
     #[arg(long, default_value = "v1.30.0")]
     git_version: String,
@@ -294,7 +300,7 @@ async fn open_store(args: &Args) -> anyhow::Result<store::Store> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let fixture = fixture::Fixture::load(&args.fixture)?;
+    let fixture = fixture::Fixture::load(&args.fixture, args.openapi_fixture.as_deref())?;
     let authn = args.secure.authenticator()?;
     let tls_config = args.secure.tls_config(&authn)?;
     let store = open_store(&args).await?;

@@ -1,8 +1,16 @@
-//! Minimal OpenAPI documents, just enough for kubectl's client-side checks:
-//! `/openapi/v3` lists one document per served group/version, and each document declares a
-//! PATCH operation (with its `x-kubernetes-group-version-kind`) and the `fieldValidation`
-//! query parameter for every patchable resource, so kubectl (1.26+) leaves validation to the
-//! server instead of failing with "failed to download openapi". No schemas are included.
+//! OpenAPI documents. `/openapi/v3` lists one document per served group/version with its
+//! `serverRelativeURL`, `/openapi/v3/<path>?hash=<hash>`, the hash computed as kube-openapi's
+//! handler3 does (upper-case hex SHA-512 of the served JSON). A stale hash is redirected (301)
+//! to the current URL and only a matching one is cached `public, immutable`, as kube does.
+//!
+//! Where the OpenAPI fixture folder has kube-apiserver's real document of a group-version
+//! (`apis__<group>__<version>_openapi.json`, see `tests/fixtures/openapi/PROVENANCE.md`), it
+//! is served verbatim, schemas included: `kubectl explain` and client-side validation work on
+//! it, and [`OpenApi::schema_of`] gives the server its schema for strict field validation.
+//! Every other group-version gets a synthetic document without schemas: a PATCH operation
+//! (with its `x-kubernetes-group-version-kind`) and the `fieldValidation` query parameter for
+//! every patchable resource, so kubectl (1.26+) leaves validation to the server instead of
+//! failing with "failed to download openapi".
 //! `/openapi/v2` is an empty document (empty protobuf, or `{}`-ish JSON): older kubectl
 //! (e.g. 1.20) then finds no schema for a kind and skips client-side validation.
 
@@ -11,9 +19,10 @@ use std::collections::BTreeMap;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha512};
 
 use crate::catalog::{Catalog, ResourceInfo};
-use crate::{discovery, respond, status};
+use crate::{respond, status};
 
 /// What kube-openapi answers for the protobuf v2 document (the `@` form clients send in
 /// Accept is not a valid media type to send back: client-go fails to parse it).
@@ -21,9 +30,42 @@ const PROTO_V2: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protob
 
 pub struct OpenApi {
     root: Vec<u8>,
-    /// "api/v1" or "apis/<group>/<version>" -> document
-    docs: BTreeMap<String, Vec<u8>>,
+    /// "api/v1" or "apis/<group>/<version>" -> document and its hash
+    docs: BTreeMap<String, (Vec<u8>, String)>,
+    /// The real documents, parsed: for the schemas of their kinds.
+    real: BTreeMap<String, Value>,
     v2_json: Vec<u8>,
+}
+
+/// kube-openapi's `computeETag`: `fmt.Sprintf("%X", sha512.Sum512(data))`.
+pub fn hash(body: &[u8]) -> String {
+    Sha512::digest(body)
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect()
+}
+
+/// The real documents in an OpenAPI fixture folder, by root path: `apis__<g>__<v>_openapi.json`
+/// is `apis/<g>/<v>` (how kube's `hack/update-openapi-spec.sh` names them).
+pub fn load_real(dir: &std::path::Path) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    if !dir.is_dir() {
+        return Ok(out);
+    }
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(stem) = name.strip_suffix("_openapi.json") else {
+            continue;
+        };
+        let bytes = std::fs::read(&path)?;
+        serde_json::from_slice::<Value>(&bytes)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        out.insert(stem.replace("__", "/"), bytes);
+    }
+    Ok(out)
 }
 
 fn gv_path(group: &str, version: &str) -> String {
@@ -90,21 +132,40 @@ fn gv_doc(
     })
 }
 
+fn server_relative_url(path: &str, hash: &str) -> String {
+    format!("/openapi/v3/{path}?hash={hash}")
+}
+
 impl OpenApi {
-    pub fn new(catalog: &Catalog, git_version: &str) -> OpenApi {
+    /// `real`: kube-apiserver's documents by root path ([`load_real`]); one is served only for
+    /// a group-version the catalog serves.
+    pub fn new(
+        catalog: &Catalog,
+        git_version: &str,
+        mut real: BTreeMap<String, Vec<u8>>,
+    ) -> OpenApi {
         let mut docs = BTreeMap::new();
+        let mut parsed = BTreeMap::new();
         let mut root = Map::new();
         for (g, v, resources) in catalog.group_versions() {
             let path = gv_path(g, v);
-            let body = gv_doc(g, v, resources, git_version)
-                .to_string()
-                .into_bytes();
-            let hash = discovery::etag(&body).trim_matches('"').to_string();
+            let body = match real.remove(&path) {
+                Some(body) => {
+                    if let Ok(value) = serde_json::from_slice(&body) {
+                        parsed.insert(path.clone(), value);
+                    }
+                    body
+                }
+                None => gv_doc(g, v, resources, git_version)
+                    .to_string()
+                    .into_bytes(),
+            };
+            let hash = hash(&body);
             root.insert(
                 path.clone(),
-                json!({ "serverRelativeURL": format!("/openapi/v3/{path}?hash={hash}") }),
+                json!({ "serverRelativeURL": server_relative_url(&path, &hash) }),
             );
-            docs.insert(path, body);
+            docs.insert(path, (body, hash));
         }
         let v2 = json!({
             "swagger": "2.0",
@@ -115,20 +176,72 @@ impl OpenApi {
         OpenApi {
             root: json!({ "paths": root }).to_string().into_bytes(),
             docs,
+            real: parsed,
             v2_json: v2.to_string().into_bytes(),
         }
     }
 
-    /// `GET /openapi/v3`
-    pub fn v3_root(&self) -> Response {
-        respond::raw_json(StatusCode::OK, self.root.clone())
+    /// The real schema of `kind` in group-version `path` (`apis/<g>/<v>`), and the document
+    /// its `$ref`s resolve in; `None` where only a synthetic document exists.
+    pub fn schema_of(&self, path: &str, kind: &str) -> Option<(&Value, &Value)> {
+        let doc = self.real.get(path)?;
+        let schemas = doc.pointer("/components/schemas")?.as_object()?;
+        let schema = schemas.values().find(|s| {
+            s.get("x-kubernetes-group-version-kind")
+                .and_then(Value::as_array)
+                .is_some_and(|gvks| gvks.iter().any(|gvk| gvk["kind"] == kind))
+        })?;
+        Some((schema, doc))
     }
 
-    /// `GET /openapi/v3/<api/v1 | apis/g/v>`
-    pub fn v3_doc(&self, path: &str) -> Response {
-        match self.docs.get(path) {
-            Some(d) => respond::raw_json(StatusCode::OK, d.clone()),
-            None => status::page_not_found(),
+    /// `GET /openapi/v3`, with the ETag kube-openapi gives it (the hash of the root).
+    pub fn v3_root(&self) -> Response {
+        (
+            StatusCode::OK,
+            [
+                (header::CONTENT_TYPE, "application/json".to_string()),
+                (header::ETAG, format!("\"{}\"", hash(&self.root))),
+            ],
+            self.root.clone(),
+        )
+            .into_response()
+    }
+
+    /// `GET /openapi/v3/<api/v1 | apis/g/v>`, `hash` the query's. Like kube-openapi's
+    /// handler3: a stale hash is redirected (301) to the current URL; the matching one is
+    /// cacheable for good; without one the document is served without caching headers.
+    pub fn v3_doc(&self, path: &str, query_hash: Option<&str>) -> Response {
+        let Some((body, hash)) = self.docs.get(path) else {
+            return status::page_not_found();
+        };
+        let etag = format!("\"{hash}\"");
+        match query_hash {
+            Some(q) if !q.is_empty() && q != hash => (
+                StatusCode::MOVED_PERMANENTLY,
+                [(header::LOCATION, server_relative_url(path, hash))],
+            )
+                .into_response(),
+            Some(q) if !q.is_empty() => (
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, "application/json".to_string()),
+                    (header::ETAG, etag),
+                    (header::VARY, "Accept".to_string()),
+                    (header::CACHE_CONTROL, "public, immutable".to_string()),
+                ],
+                body.clone(),
+            )
+                .into_response(),
+            _ => (
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, "application/json".to_string()),
+                    (header::ETAG, etag),
+                    (header::VARY, "Accept".to_string()),
+                ],
+                body.clone(),
+            )
+                .into_response(),
         }
     }
 
@@ -163,14 +276,40 @@ mod tests {
             serde_json::from_slice(&std::fs::read(dir.join(f)).unwrap()).unwrap()
         };
         let cat = Catalog::build(&read("aggregated_v2.json"), &read("api__v1.json"));
-        let o = OpenApi::new(&cat, "v1.33.0");
+        let real =
+            load_real(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/openapi/k8s-1.33"))
+                .unwrap();
+        let fixture = real["apis/coordination.k8s.io/v1beta1"].clone();
+        let o = OpenApi::new(&cat, "v1.33.0", real);
         let root: Value = serde_json::from_slice(&o.root).unwrap();
         let url = root["paths"]["apis/resource.k8s.io/v1beta2"]["serverRelativeURL"]
             .as_str()
             .unwrap();
         assert!(url.starts_with("/openapi/v3/apis/resource.k8s.io/v1beta2?hash="));
         assert!(root["paths"].get("api/v1").is_some());
-        let doc: Value = serde_json::from_slice(&o.docs["apis/resource.k8s.io/v1beta2"]).unwrap();
+        // The real document, verbatim, under kube's hash.
+        let (body, h) = &o.docs["apis/coordination.k8s.io/v1beta1"];
+        assert_eq!(body, &fixture);
+        assert_eq!(h.len(), 128);
+        assert_eq!(
+            root["paths"]["apis/coordination.k8s.io/v1beta1"]["serverRelativeURL"],
+            format!("/openapi/v3/apis/coordination.k8s.io/v1beta1?hash={h}")
+        );
+        let (schema, _) = o
+            .schema_of("apis/coordination.k8s.io/v1beta1", "LeaseCandidate")
+            .unwrap();
+        assert!(schema["properties"]["spec"].is_object());
+        assert_eq!(
+            o.v3_doc("apis/coordination.k8s.io/v1beta1", Some("STALE"))
+                .status(),
+            StatusCode::MOVED_PERMANENTLY
+        );
+        assert_eq!(
+            o.v3_doc("apis/coordination.k8s.io/v1beta1", Some(h))
+                .status(),
+            StatusCode::OK
+        );
+        let doc: Value = serde_json::from_slice(&o.docs["apis/resource.k8s.io/v1beta2"].0).unwrap();
         let p = &doc["paths"]
             ["/apis/resource.k8s.io/v1beta2/namespaces/{namespace}/resourceclaims/{name}"];
         assert_eq!(
@@ -182,7 +321,7 @@ mod tests {
             .unwrap()
             .iter()
             .any(|x| x["name"] == "fieldValidation"));
-        let core: Value = serde_json::from_slice(&o.docs["api/v1"]).unwrap();
+        let core: Value = serde_json::from_slice(&o.docs["api/v1"].0).unwrap();
         assert!(core["paths"].get("/api/v1/nodes/{name}").is_some());
     }
 }

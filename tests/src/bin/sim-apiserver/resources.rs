@@ -19,7 +19,7 @@ use crate::selectors::Selector;
 use crate::server::AppState;
 use crate::store::{Gvr, Key, StoreError};
 use crate::table::{self, IncludeObject, TableOptions};
-use crate::{ids, negotiate, patch, protobuf, respond, status, watch};
+use crate::{ids, negotiate, patch, protobuf, respond, status, validation, watch};
 
 /// Everything a verb handler needs about one request.
 struct Ctx<'a> {
@@ -54,6 +54,32 @@ impl Ctx<'_> {
             namespace: self.namespace(),
             name: name.to_string(),
         }
+    }
+
+    /// `?fieldValidation=Strict` for a kind the sim has kube's real schema of: fields the
+    /// schema does not declare are refused like kube does (`validation.rs`).
+    fn check_fields(&self, obj: &Value) -> Result<(), Box<Response>> {
+        if self.query.get("fieldValidation").map(String::as_str) != Some("Strict")
+            || self.path.subresource.is_some()
+        {
+            return Ok(());
+        }
+        let info = self.info;
+        let path = if info.group.is_empty() {
+            format!("api/{}", info.version)
+        } else {
+            format!("apis/{}/{}", info.group, info.version)
+        };
+        let Some((schema, doc)) = self.state.openapi.schema_of(&path, &info.kind) else {
+            return Ok(());
+        };
+        let unknown = validation::unknown_fields(obj, schema, doc);
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        Err(Box::new(status::respond(status::bad_request(
+            &validation::message(&info.kind, &info.version, &unknown),
+        ))))
     }
 
     fn dry_run(&self) -> bool {
@@ -314,6 +340,9 @@ async fn create(ctx: &Ctx<'_>, body: &[u8]) -> Response {
         Ok(o) => o,
         Err(s) => return status::respond(s),
     };
+    if let Err(r) = ctx.check_fields(&obj) {
+        return *r;
+    }
     if let Err(s) = objects::check_type_meta(&mut obj, ctx.info)
         .and_then(|_| objects::set_namespace(&mut obj, ctx.info, &ctx.namespace()))
     {
@@ -415,6 +444,9 @@ async fn update(ctx: &Ctx<'_>, name: &str, body: &[u8]) -> Response {
         Ok(o) => o,
         Err(s) => return status::respond(s),
     };
+    if let Err(r) = ctx.check_fields(&new) {
+        return *r;
+    }
     replace(ctx, name, |_| Ok(new.clone())).await
 }
 
@@ -442,6 +474,11 @@ async fn patch_object(ctx: &Ctx<'_>, name: &str, body: &[u8]) -> Response {
             return status::respond(status::bad_request(&format!("error decoding patch: {e}")))
         }
     };
+    if !json_patch {
+        if let Err(r) = ctx.check_fields(&patch_doc) {
+            return *r;
+        }
+    }
     let is_apply = content_type == "application/apply-patch+yaml";
     if is_apply
         && ctx.path.subresource.is_none()

@@ -73,7 +73,7 @@ impl AppState {
         AppState {
             id,
             discovery: Discovery::new(fixture, git_version),
-            openapi: OpenApi::new(&catalog, git_version),
+            openapi: OpenApi::new(&catalog, git_version, fixture.openapi.clone()),
             catalog,
             store,
             bookmark_interval,
@@ -254,6 +254,13 @@ async fn dispatch(
         Route::GroupVersion { group, version } => d.group_version(&group, &version),
         Route::OpenApiV2 => state.openapi.v2(headers),
         Route::OpenApiV3Root => state.openapi.v3_root(),
-        Route::OpenApiV3(path) => state.openapi.v3_doc(&path),
+        Route::OpenApiV3(path) => {
+            let query: HashMap<String, String> = Query::try_from_uri(uri)
+                .map(|Query(q)| q)
+                .unwrap_or_default();
+            state
+                .openapi
+                .v3_doc(&path, query.get("hash").map(String::as_str))
+        }
     }
 }

@@ -1,0 +1,269 @@
+//! OpenAPI v3 of group-versions only peers serve (docs/ARCHITECTURE.md "OpenAPI v3").
+//!
+//! Each apiserver's `/openapi/v3` root is fetched with its discovery ([`crate::fetch`]) and
+//! kept as [`OpenApiRoot`]: only the entries [`skewgate_core::openapi::validate_entry`] accepts
+//! (a group-version path, and a `serverRelativeURL` that is that path's document, so a peer
+//! cannot point kubectl anywhere else). [`peer_entries`] then picks, for every group-version
+//! the local apiserver does not serve, the entry of the live peers that serve it, which the
+//! filter adds to the local root and routes to.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Deserialize;
+use skewgate_core::group_version::GroupVersion;
+use skewgate_core::openapi::{validate_entry, MAX_ENTRIES};
+
+use crate::discovery::ServedApis;
+
+/// One apiserver's `/openapi/v3` root: root path (`apis/<g>/<v>`, `api/v1`) →
+/// `serverRelativeURL`, valid entries only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenApiRoot {
+    pub paths: BTreeMap<String, String>,
+}
+
+/// Why a root is not used at all.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenApiError {
+    #[error("the /openapi/v3 answer is {bytes} bytes, more than the {max} allowed")]
+    TooLarge { bytes: usize, max: usize },
+    #[error("the /openapi/v3 answer is not a JSON object with a \"paths\" object: {0}")]
+    NotARoot(#[from] serde_json::Error),
+    #[error(
+        "the /openapi/v3 answer lists {0} group-versions, more than the {MAX_ENTRIES} allowed"
+    )]
+    TooMany(usize),
+}
+
+#[derive(Deserialize)]
+struct RawRoot {
+    paths: BTreeMap<String, serde_json::Value>,
+}
+
+impl OpenApiRoot {
+    /// Parse a root. Entries that are not an object with a valid `serverRelativeURL` are left
+    /// out, each on its own (their group-versions keep the local answer); they come back
+    /// with the reason, for a log line.
+    pub fn parse(body: &[u8], max_bytes: usize) -> Result<(Self, Vec<String>), OpenApiError> {
+        if body.len() > max_bytes {
+            return Err(OpenApiError::TooLarge {
+                bytes: body.len(),
+                max: max_bytes,
+            });
+        }
+        let raw: RawRoot = serde_json::from_slice(body)?;
+        if raw.paths.len() > MAX_ENTRIES {
+            return Err(OpenApiError::TooMany(raw.paths.len()));
+        }
+        let mut paths = BTreeMap::new();
+        let mut refused = Vec::new();
+        for (path, entry) in raw.paths {
+            let Some(url) = entry.get("serverRelativeURL").and_then(|u| u.as_str()) else {
+                refused.push(format!("{path:?}: no serverRelativeURL string"));
+                continue;
+            };
+            match validate_entry(&path, url) {
+                Ok(_) => {
+                    paths.insert(path, url.to_string());
+                }
+                Err(e) => refused.push(e.to_string()),
+            }
+        }
+        Ok((OpenApiRoot { paths }, refused))
+    }
+}
+
+/// A live peer as [`peer_entries`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerRoot<'a> {
+    pub id: &'a str,
+    pub served: &'a ServedApis,
+    pub root: Option<&'a OpenApiRoot>,
+}
+
+/// The entry chosen for one group-version, and the peers that list exactly it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerEntry {
+    pub server_relative_url: String,
+    /// Sorted, distinct.
+    pub peer_ids: Vec<String>,
+}
+
+/// For every group-version the local apiserver does not serve (and that is not shared
+/// storage, which every apiserver serves), the entry of the live peers that both serve it (by
+/// their discovery) and list it in their root. Peers listing different URLs (different
+/// documents, e.g. different versions) are grouped by URL; the URL most peers list wins, and
+/// among equals the smallest, so the choice is deterministic. Only the peers of that URL
+/// serve its requests: the hash in it is theirs.
+pub fn peer_entries(
+    local: &ServedApis,
+    shared_storage: &BTreeSet<GroupVersion>,
+    peers: &[PeerRoot<'_>],
+) -> BTreeMap<String, PeerEntry> {
+    // path -> url -> peer ids
+    let mut candidates: BTreeMap<&str, BTreeMap<&str, BTreeSet<&str>>> = BTreeMap::new();
+    for peer in peers {
+        let Some(root) = peer.root else { continue };
+        for (path, url) in &root.paths {
+            let Some(gv) = skewgate_core::openapi::group_version_of(path) else {
+                continue;
+            };
+            if local.serves_group_version(&gv.group, &gv.version)
+                || shared_storage.contains(&gv)
+                || !peer.served.serves_group_version(&gv.group, &gv.version)
+            {
+                continue;
+            }
+            candidates
+                .entry(path)
+                .or_default()
+                .entry(url)
+                .or_default()
+                .insert(peer.id);
+        }
+    }
+    candidates
+        .into_iter()
+        .filter_map(|(path, urls)| {
+            // Most peers first; BTreeMap order (smallest URL) breaks ties as `max_by` keeps
+            // the last maximum, so iterate in reverse.
+            let (url, ids) = urls.iter().rev().max_by_key(|(_, ids)| ids.len())?;
+            Some((
+                path.to_string(),
+                PeerEntry {
+                    server_relative_url: (*url).to_string(),
+                    peer_ids: ids.iter().map(|id| (*id).to_string()).collect(),
+                },
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_fixtures::documents;
+
+    const P: &str = "apis/coordination.k8s.io/v1beta1";
+
+    fn root(entries: &[(&str, &str)]) -> OpenApiRoot {
+        OpenApiRoot {
+            paths: entries
+                .iter()
+                .map(|(p, u)| (p.to_string(), u.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn roots_are_parsed_and_bad_entries_left_out() {
+        let body = br#"{"paths":{
+            "api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=AA"},
+            "apis/coordination.k8s.io/v1beta1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=BB","x":1},
+            "apis/evil/v1":{"serverRelativeURL":"https://evil.example/x"},
+            "apis/other/v1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=BB"},
+            "apis/nourl/v1":{},
+            "apis/number/v1":{"serverRelativeURL":7},
+            "version":{"serverRelativeURL":"/openapi/v3/version"}
+        },"extra":true}"#;
+        let (root, refused) = OpenApiRoot::parse(body, 1 << 20).unwrap();
+        assert_eq!(
+            root.paths.keys().collect::<Vec<_>>(),
+            ["api/v1", "apis/coordination.k8s.io/v1beta1"]
+        );
+        assert_eq!(refused.len(), 5, "{refused:?}");
+    }
+
+    #[test]
+    fn garbage_and_huge_roots_are_refused() {
+        let cases: &[&[u8]] = &[b"", b"garbage", b"[]", b"{}", br#"{"paths":[]}"#, b"null"];
+        for body in cases {
+            assert!(
+                matches!(
+                    OpenApiRoot::parse(body, 1 << 20),
+                    Err(OpenApiError::NotARoot(_))
+                ),
+                "{body:?}"
+            );
+        }
+        let big = format!(r#"{{"paths":{{}},"pad":"{}"}}"#, "x".repeat(100));
+        assert!(matches!(
+            OpenApiRoot::parse(big.as_bytes(), 50),
+            Err(OpenApiError::TooLarge { .. })
+        ));
+        let many: BTreeMap<String, serde_json::Value> = (0..=MAX_ENTRIES)
+            .map(|i| (format!("apis/g{i}/v1"), serde_json::json!({})))
+            .collect();
+        let many = serde_json::to_vec(&serde_json::json!({ "paths": many })).unwrap();
+        assert!(matches!(
+            OpenApiRoot::parse(&many, usize::MAX),
+            Err(OpenApiError::TooMany(_))
+        ));
+    }
+
+    #[test]
+    fn peer_only_group_versions_get_the_entry_most_serving_peers_list() {
+        let local = documents("k8s-1.30").served().unwrap();
+        let new = documents("k8s-1.33").served().unwrap();
+        let u1 = "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=H1";
+        let u2 = "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=H2";
+        let local_gv = ("apis/apps/v1", "/openapi/v3/apis/apps/v1?hash=PEER");
+        let (b, c, d) = (
+            root(&[(P, u2), local_gv]),
+            root(&[(P, u1)]),
+            root(&[(P, u1)]),
+        );
+        let empty = ServedApis::new();
+        let peer = |id, served, root| PeerRoot { id, served, root };
+        // (peers, shared storage, expected entry for P)
+        type Case<'a> = (
+            Vec<PeerRoot<'a>>,
+            BTreeSet<GroupVersion>,
+            Option<(&'a str, Vec<&'a str>)>,
+        );
+        let cases: Vec<Case<'_>> = vec![
+            (
+                vec![peer("b", &new, Some(&b))],
+                BTreeSet::new(),
+                Some((u2, vec!["b"])),
+            ),
+            // Two peers list H1, one H2: H1 and only its peers.
+            (
+                vec![
+                    peer("b", &new, Some(&b)),
+                    peer("c", &new, Some(&c)),
+                    peer("d", &new, Some(&d)),
+                ],
+                BTreeSet::new(),
+                Some((u1, vec!["c", "d"])),
+            ),
+            // A tie: the smallest URL.
+            (
+                vec![peer("b", &new, Some(&b)), peer("c", &new, Some(&c))],
+                BTreeSet::new(),
+                Some((u1, vec!["c"])),
+            ),
+            // A peer whose discovery does not serve it, or without a root: nothing.
+            (vec![peer("b", &empty, Some(&b))], BTreeSet::new(), None),
+            (vec![peer("b", &new, None)], BTreeSet::new(), None),
+            // Shared storage is everyone's: the local answer.
+            (
+                vec![peer("b", &new, Some(&b))],
+                BTreeSet::from([GroupVersion::new("coordination.k8s.io", "v1beta1")]),
+                None,
+            ),
+        ];
+        for (i, (peers, shared, want)) in cases.into_iter().enumerate() {
+            let got = peer_entries(&local, &shared, &peers);
+            // The local apiserver serves apps/v1: never a peer's entry.
+            assert!(!got.contains_key(local_gv.0), "case {i}");
+            let got = got.get(P).map(|e| {
+                (
+                    e.server_relative_url.as_str(),
+                    e.peer_ids.iter().map(String::as_str).collect::<Vec<_>>(),
+                )
+            });
+            assert_eq!(got, want, "case {i}");
+        }
+    }
+}

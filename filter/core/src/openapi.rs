@@ -1,0 +1,432 @@
+//! OpenAPI v3 for group-versions only peers serve (docs/ARCHITECTURE.md "OpenAPI v3").
+//!
+//! kubectl (`explain`, client-side validation, `apply`) reads `/openapi/v3`, a list of
+//! group-version paths (`apis/<group>/<version>`, `api/v1`) each with the `serverRelativeURL`
+//! of its document (`/openapi/v3/apis/<g>/<v>?hash=<sha512>`), then fetches the documents of the
+//! group-versions it needs. The local apiserver lists only what it serves. Two decisions here:
+//!
+//! - [`OpenApiUnion::route`]: `GET /openapi/v3` stays local, and the filter adds the peer-only
+//!   entries to the local apiserver's 200 answer ([`union_root`]); `/openapi/v3/<path>` of a
+//!   peer-only group-version goes to the peers whose entry was listed (so the hash in the URL is
+//!   theirs); a retained group-version's document answers 503; anything else stays local.
+//! - [`validate_entry`]: what a peer's entry must look like to be listed at all. A peer must not
+//!   be able to point kubectl anywhere but the document of the same path. The control plane
+//!   keeps only entries that pass, and the filter refuses a configuration with one that does not.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::config::{valid_segment, OpenApiPeerEntry};
+use crate::group_version::GroupVersion;
+
+/// The root document's path.
+pub const ROOT_PATH: &str = "/openapi/v3";
+/// Prefix of every group-version document's path.
+pub const DOCUMENT_PREFIX: &str = "/openapi/v3/";
+/// The local root the filter buffers to add entries to, at most: kube's root is a few hundred
+/// bytes per group-version (about 12 KiB for 1.33), and Envoy's buffer limit (1 MiB by default)
+/// must never be reached while the filter holds the body. A larger answer passes unchanged.
+pub const MAX_ROOT_BYTES: usize = 512 * 1024;
+/// Peer-only entries in one configuration, at most.
+pub const MAX_ENTRIES: usize = 4096;
+/// Longest `serverRelativeURL` accepted (kube's: the path and a 128-hex-digit hash).
+pub const MAX_URL: usize = 1024;
+
+/// Why an entry is not listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryError {
+    Path(String),
+    Url { path: String, url: String },
+    UrlTooLong,
+}
+
+impl fmt::Display for EntryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EntryError::Path(p) => write!(
+                f,
+                "{p:?} is not a group-version path (apis/<group>/<version> or api/<version>)"
+            ),
+            EntryError::Url { path, url } => write!(
+                f,
+                "serverRelativeURL {url:?} is not /openapi/v3/{path} with an optional query"
+            ),
+            EntryError::UrlTooLong => {
+                write!(f, "serverRelativeURL is longer than {MAX_URL} bytes")
+            }
+        }
+    }
+}
+
+impl std::error::Error for EntryError {}
+
+/// The group-version a root path names (`apis/<g>/<v>`, or `api/<v>` for the core group).
+pub fn group_version_of(path: &str) -> Option<GroupVersion> {
+    let segments: Vec<&str> = path.split('/').collect();
+    match segments.as_slice() {
+        ["apis", g, v] if path_segment(g) && path_segment(v) => Some(GroupVersion::new(*g, *v)),
+        ["api", v] if path_segment(v) => Some(GroupVersion::new("", *v)),
+        _ => None,
+    }
+}
+
+/// A group or version as kube names them: lower-case letters, digits, `.` and `-`. Nothing
+/// that would need escaping in a URL or change its meaning (`%`, `?`, `#`, `..` as a segment).
+fn path_segment(s: &str) -> bool {
+    valid_segment(s)
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+}
+
+/// A query kube-openapi could have written (`hash=<hex>`): URL-safe characters only, so the
+/// URL can neither leave the document's path nor smuggle anything into a header or log line.
+fn query_ok(q: &str) -> bool {
+    q.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'=' | b'&' | b'-' | b'_' | b'.' | b'~'))
+}
+
+/// An entry is listed only if its path names a group-version and its `serverRelativeURL` is
+/// exactly `/openapi/v3/<path>`, optionally followed by `?` and a URL-safe query.
+pub fn validate_entry(path: &str, url: &str) -> Result<GroupVersion, EntryError> {
+    let gv = group_version_of(path).ok_or_else(|| EntryError::Path(path.to_string()))?;
+    if url.len() > MAX_URL {
+        return Err(EntryError::UrlTooLong);
+    }
+    let bad = || EntryError::Url {
+        path: path.to_string(),
+        url: url.to_string(),
+    };
+    let rest = url
+        .strip_prefix(DOCUMENT_PREFIX)
+        .and_then(|r| r.strip_prefix(path))
+        .ok_or_else(bad)?;
+    match rest.strip_prefix('?') {
+        None if rest.is_empty() => Ok(gv),
+        Some(query) if query_ok(query) => Ok(gv),
+        _ => Err(bad()),
+    }
+}
+
+/// Where an OpenAPI request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenApiRoute<'a> {
+    /// `GET /openapi/v3`: to the local apiserver, which authorizes it; its 200 answer gets the
+    /// peer-only entries added.
+    Root,
+    /// The document of a peer-only group-version: to the peers whose entry is listed.
+    Peer {
+        cluster: &'a str,
+        group_version: &'a GroupVersion,
+    },
+    /// Neither: the routing table decides (which sends non-resource paths local).
+    NotOurs,
+}
+
+#[derive(Debug)]
+struct Entry {
+    group_version: GroupVersion,
+    /// The entry as it is added to the root: `{"serverRelativeURL":"..."}`.
+    json: Box<RawValue>,
+    cluster: String,
+}
+
+/// The peer-only entries of one configuration, compiled for request time.
+#[derive(Debug, Default)]
+pub struct OpenApiUnion {
+    /// By root path (`apis/<g>/<v>`).
+    entries: BTreeMap<String, Entry>,
+}
+
+#[derive(Serialize)]
+struct EntryJson<'a> {
+    #[serde(rename = "serverRelativeURL")]
+    server_relative_url: &'a str,
+}
+
+impl OpenApiUnion {
+    /// Entries that fail [`validate_entry`] are left out (the configuration's validation has
+    /// refused them already; this keeps the compiled form correct on its own).
+    pub fn compile(entries: &BTreeMap<String, OpenApiPeerEntry>) -> Self {
+        let entries = entries
+            .iter()
+            .filter_map(|(path, e)| {
+                let group_version = validate_entry(path, &e.server_relative_url).ok()?;
+                let json = serde_json::to_string(&EntryJson {
+                    server_relative_url: &e.server_relative_url,
+                })
+                .ok()
+                .and_then(|s| RawValue::from_string(s).ok())?;
+                Some((
+                    path.clone(),
+                    Entry {
+                        group_version,
+                        json,
+                        cluster: e.peer_cluster.clone(),
+                    },
+                ))
+            })
+            .collect();
+        OpenApiUnion { entries }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Decide for one request (`path_and_query` is Envoy's `:path`).
+    pub fn route(&self, method: &str, path_and_query: &str) -> OpenApiRoute<'_> {
+        if self.entries.is_empty() {
+            return OpenApiRoute::NotOurs;
+        }
+        let path = path_and_query
+            .split_once('?')
+            .map_or(path_and_query, |(p, _)| p);
+        if path == ROOT_PATH {
+            // HEAD has no body to add to; other methods get the apiserver's own answer.
+            return if method == "GET" {
+                OpenApiRoute::Root
+            } else {
+                OpenApiRoute::NotOurs
+            };
+        }
+        match path
+            .strip_prefix(DOCUMENT_PREFIX)
+            .and_then(|p| self.entries.get(p))
+        {
+            Some(entry) => OpenApiRoute::Peer {
+                cluster: &entry.cluster,
+                group_version: &entry.group_version,
+            },
+            None => OpenApiRoute::NotOurs,
+        }
+    }
+}
+
+/// Why the local root stands unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootError {
+    TooLarge(usize),
+    NotARoot(String),
+    Serialise(String),
+}
+
+impl fmt::Display for RootError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RootError::TooLarge(n) => write!(
+                f,
+                "the local /openapi/v3 answer is {n} bytes, more than the {MAX_ROOT_BYTES} buffered"
+            ),
+            RootError::NotARoot(e) => write!(
+                f,
+                "the local /openapi/v3 answer is not a JSON object with a \"paths\" object: {e}"
+            ),
+            RootError::Serialise(e) => write!(f, "serialising the union failed: {e}"),
+        }
+    }
+}
+
+/// The local apiserver's root with the peer-only entries added. The local entries stay the
+/// local apiserver's own (their hashes are always fresh), so is every other field; a path the
+/// local answer lists already keeps the local entry. Keys come out sorted, as kube writes them.
+pub fn union_root(local: &[u8], union: &OpenApiUnion) -> Result<Vec<u8>, RootError> {
+    if local.len() > MAX_ROOT_BYTES {
+        return Err(RootError::TooLarge(local.len()));
+    }
+    let mut root: BTreeMap<String, Box<RawValue>> =
+        serde_json::from_slice(local).map_err(|e| RootError::NotARoot(e.to_string()))?;
+    let mut paths: BTreeMap<String, &RawValue> = match root.get("paths") {
+        Some(raw) => serde_json::from_str(raw.get())
+            .map_err(|e| RootError::NotARoot(format!("paths: {e}")))?,
+        None => return Err(RootError::NotARoot("no paths".to_string())),
+    };
+    for (path, entry) in &union.entries {
+        paths.entry(path.clone()).or_insert(&entry.json);
+    }
+    let paths =
+        serde_json::value::to_raw_value(&paths).map_err(|e| RootError::Serialise(e.to_string()))?;
+    root.insert("paths".to_string(), paths);
+    serde_json::to_vec(&root).map_err(|e| RootError::Serialise(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(url: &str, cluster: &str) -> OpenApiPeerEntry {
+        OpenApiPeerEntry {
+            server_relative_url: url.to_string(),
+            peer_cluster: cluster.to_string(),
+        }
+    }
+
+    fn union() -> OpenApiUnion {
+        let mut m = BTreeMap::new();
+        m.insert(
+            "apis/coordination.k8s.io/v1beta1".to_string(),
+            entry(
+                "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=ABC123",
+                "skewgate-peers-0123456789ab",
+            ),
+        );
+        OpenApiUnion::compile(&m)
+    }
+
+    #[test]
+    fn entries_are_validated() {
+        let p = "apis/coordination.k8s.io/v1beta1";
+        let cases: &[(&str, &str, bool)] = &[
+            (
+                p,
+                "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=0A1B",
+                true,
+            ),
+            (p, "/openapi/v3/apis/coordination.k8s.io/v1beta1", true),
+            ("api/v1", "/openapi/v3/api/v1?hash=FF", true),
+            // Another document, another place, a longer path, a fragment, an escape.
+            (p, "/openapi/v3/apis/apps/v1?hash=0A", false),
+            (
+                p,
+                "https://evil.example/openapi/v3/apis/coordination.k8s.io/v1beta1",
+                false,
+            ),
+            (
+                p,
+                "//evil.example/openapi/v3/apis/coordination.k8s.io/v1beta1",
+                false,
+            ),
+            (
+                p,
+                "/openapi/v3/apis/coordination.k8s.io/v1beta1/../../../apis/x/v1",
+                false,
+            ),
+            (p, "/openapi/v3/apis/coordination.k8s.io/v1beta1#x", false),
+            (
+                p,
+                "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=a%0d%0a",
+                false,
+            ),
+            (
+                p,
+                "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=a b",
+                false,
+            ),
+            (p, "/openapi/v3/apis/coordination.k8s.io/v1beta1x", false),
+            (p, "", false),
+            // Paths that are not group-versions.
+            ("apis/../v1", "/openapi/v3/apis/../v1", false),
+            ("apis/Apps/v1", "/openapi/v3/apis/Apps/v1", false),
+            ("apis/apps", "/openapi/v3/apis/apps", false),
+            ("version", "/openapi/v3/version", false),
+            ("apis/a%2Fb/v1", "/openapi/v3/apis/a%2Fb/v1", false),
+        ];
+        for (path, url, ok) in cases {
+            assert_eq!(validate_entry(path, url).is_ok(), *ok, "{path} {url}");
+        }
+        let long = format!("/openapi/v3/{p}?hash={}", "A".repeat(MAX_URL));
+        assert_eq!(validate_entry(p, &long), Err(EntryError::UrlTooLong));
+    }
+
+    #[test]
+    fn routes() {
+        let u = union();
+        let gv = GroupVersion::new("coordination.k8s.io", "v1beta1");
+        let peer = OpenApiRoute::Peer {
+            cluster: "skewgate-peers-0123456789ab",
+            group_version: &gv,
+        };
+        let cases: &[(&str, &str, OpenApiRoute<'_>)] = &[
+            ("GET", "/openapi/v3", OpenApiRoute::Root),
+            ("GET", "/openapi/v3?timeout=32s", OpenApiRoute::Root),
+            ("HEAD", "/openapi/v3", OpenApiRoute::NotOurs),
+            ("POST", "/openapi/v3", OpenApiRoute::NotOurs),
+            ("GET", "/openapi/v3/", OpenApiRoute::NotOurs),
+            (
+                "GET",
+                "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=ABC123",
+                peer,
+            ),
+            ("GET", "/openapi/v3/apis/coordination.k8s.io/v1beta1", peer),
+            // A stale hash still goes to the peer, which redirects to its current URL.
+            (
+                "GET",
+                "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=OLD",
+                peer,
+            ),
+            (
+                "GET",
+                "/openapi/v3/apis/coordination.k8s.io/v1",
+                OpenApiRoute::NotOurs,
+            ),
+            (
+                "GET",
+                "/openapi/v3/apis/coordination.k8s.io/v1beta1/",
+                OpenApiRoute::NotOurs,
+            ),
+            (
+                "GET",
+                "/openapi/v3/apis/coordination.k8s.io%2Fv1beta1",
+                OpenApiRoute::NotOurs,
+            ),
+            ("GET", "/openapi/v2", OpenApiRoute::NotOurs),
+            (
+                "GET",
+                "/apis/coordination.k8s.io/v1beta1",
+                OpenApiRoute::NotOurs,
+            ),
+        ];
+        for (method, path, want) in cases {
+            assert_eq!(u.route(method, path), *want, "{method} {path}");
+        }
+        // Without entries nothing is ours: the root stays the local apiserver's, unbuffered.
+        assert_eq!(
+            OpenApiUnion::default().route("GET", "/openapi/v3"),
+            OpenApiRoute::NotOurs
+        );
+    }
+
+    #[test]
+    fn union_adds_peer_entries_and_keeps_local_ones() {
+        let local = br#"{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=L1"},"apis/coordination.k8s.io/v1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1?hash=L2"}}}"#;
+        let out = union_root(local, &union()).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=L1"},"apis/coordination.k8s.io/v1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1?hash=L2"},"apis/coordination.k8s.io/v1beta1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=ABC123"}}}"#
+        );
+        // The local apiserver serves it after all: its own entry wins.
+        let local = br#"{"paths":{"apis/coordination.k8s.io/v1beta1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=MINE"}},"x":1}"#;
+        let out = union_root(local, &union()).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"paths":{"apis/coordination.k8s.io/v1beta1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=MINE"}},"x":1}"#
+        );
+    }
+
+    #[test]
+    fn a_local_answer_that_is_not_a_root_stands() {
+        let cases: &[&[u8]] = &[
+            b"",
+            b"not json",
+            b"[]",
+            b"{}",
+            br#"{"paths":[]}"#,
+            b"{\"paths\":{",
+        ];
+        for body in cases {
+            assert!(
+                matches!(union_root(body, &union()), Err(RootError::NotARoot(_))),
+                "{body:?}"
+            );
+        }
+        let huge = vec![b' '; MAX_ROOT_BYTES + 1];
+        assert_eq!(
+            union_root(&huge, &union()),
+            Err(RootError::TooLarge(MAX_ROOT_BYTES + 1))
+        );
+    }
+}
