@@ -675,6 +675,180 @@ async fn peers_join_leave_and_upgrade_and_routing_follows() -> Result<()> {
 }
 
 /// `(group, version) -> freshness` of an aggregated `/apis` body (`None`: Current).
+const LEASE_CANDIDATES: &str = "apis/coordination.k8s.io/v1beta1";
+
+/// A LeaseCandidate (coordination.k8s.io/v1beta1: 1.33 serves it, 1.30 does not), with `extra`
+/// added to its spec.
+fn lease_candidate(extra: &str) -> String {
+    format!(
+        "apiVersion: coordination.k8s.io/v1beta1\nkind: LeaseCandidate\nmetadata:\n  name: lc1\n  \
+         namespace: default\nspec:\n  leaseName: kube-controller-manager\n  binaryVersion: 1.33.0\n  \
+         strategy: OldestEmulationVersion\n{extra}"
+    )
+}
+
+/// GET `url` as JSON.
+async fn json_at(url: &str) -> Result<serde_json::Value> {
+    Ok(client()
+        .get(url)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
+/// Issue 12: through Envoy in front of a 1.30 apiserver, kubectl reads the OpenAPI v3 of a kind
+/// only the 1.33 peer serves. `/openapi/v3` lists the peer's entry (its URL and hash) beside
+/// the local apiserver's own entries, the document comes from the peer (kube's real one), so
+/// `kubectl explain` prints its field descriptions, and `kubectl apply` (client-side with
+/// strict validation, and server-side) works, the peer refusing an unknown field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_explains_and_applies_a_kind_only_a_peer_serves() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
+    let mut control = Control::new(&a, dir.path(), &[])?;
+    let envoy = start_routed_to_b(&mut control).await?;
+
+    let local_root = json_at(&format!("{}/openapi/v3", a.url())).await?;
+    let peer_root = json_at(&format!("{}/openapi/v3", b.url())).await?;
+    assert!(local_root["paths"].get(LEASE_CANDIDATES).is_none());
+    let peer_entry = peer_root["paths"][LEASE_CANDIDATES].clone();
+    let (root, _) = eventually(
+        "/openapi/v3 through Envoy lists the peer's coordination.k8s.io/v1beta1",
+        Duration::from_secs(30),
+        || async {
+            let root = json_at(&url(&envoy, "/openapi/v3")).await?;
+            Ok(root["paths"]
+                .get(LEASE_CANDIDATES)
+                .is_some()
+                .then_some(root))
+        },
+    )
+    .await
+    .with_context(|| format!("control plane log:\n{}", control.log()))?;
+    // The peer's entry, exactly; every local entry the local apiserver's own; nothing else but
+    // group-versions only the peer serves.
+    assert_eq!(root["paths"][LEASE_CANDIDATES], peer_entry);
+    let paths = root["paths"].as_object().context("paths")?;
+    for (path, entry) in local_root["paths"].as_object().context("local paths")? {
+        assert_eq!(paths.get(path), Some(entry), "{path}: the local entry");
+    }
+    for (path, entry) in paths {
+        if local_root["paths"].get(path).is_none() {
+            assert_eq!(
+                Some(entry),
+                peer_root["paths"].get(path),
+                "{path}: a peer entry"
+            );
+        }
+    }
+
+    // The document behind the peer's URL comes from the peer, byte for byte kube's real one.
+    let doc_url = peer_entry["serverRelativeURL"]
+        .as_str()
+        .context("serverRelativeURL")?;
+    let resp = client().get(url(&envoy, doc_url)).send().await?;
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(header(&resp, "x-sim-apiserver"), "apiserver-b");
+    let fixture =
+        std::fs::read(repo_root().join(
+            "tests/fixtures/openapi/k8s-1.33/apis__coordination.k8s.io__v1beta1_openapi.json",
+        ))?;
+    assert_eq!(resp.bytes().await?.as_ref(), fixture.as_slice());
+
+    let kubeconfig = envoy.kubeconfig()?;
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &[
+            "explain",
+            "leasecandidates",
+            "--api-version=coordination.k8s.io/v1beta1",
+            "--recursive",
+        ],
+    )
+    .await?;
+    assert!(ok, "kubectl explain: {err}");
+    for text in [
+        "LeaseCandidate defines a candidate for a Lease object",
+        "binaryVersion",
+        "emulationVersion",
+        "renewTime",
+    ] {
+        assert!(out.contains(text), "{text:?} in {out}");
+    }
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &[
+            "explain",
+            "leasecandidates.spec",
+            "--api-version=coordination.k8s.io/v1beta1",
+        ],
+    )
+    .await?;
+    assert!(ok, "kubectl explain leasecandidates.spec: {err}");
+    for text in [
+        "BinaryVersion is the binary version",
+        "LeaseName is the name of the lease for which this candidate is contending",
+        "strategy",
+    ] {
+        assert!(out.contains(text), "{text:?} in {out}");
+    }
+
+    // Client-side apply (kubectl validates strictly by default: on the server, which it learns
+    // from the document's fieldValidation parameter), then server-side apply.
+    let manifest = dir.path().join("lc.yaml");
+    std::fs::write(&manifest, lease_candidate(""))?;
+    let manifest_arg = manifest.display().to_string();
+    let (ok, out, err) = kubectl(&kubeconfig, &["apply", "-f", &manifest_arg]).await?;
+    assert!(ok && out.contains("created"), "kubectl apply: {out} {err}");
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &["apply", "--server-side", "-f", &manifest_arg],
+    )
+    .await?;
+    assert!(
+        ok && out.contains("serverside-applied"),
+        "kubectl apply --server-side: {out} {err}"
+    );
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "leasecandidates.v1beta1.coordination.k8s.io",
+            "lc1",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.spec.leaseName}",
+        ],
+    )
+    .await?;
+    assert!(ok, "kubectl get: {err}");
+    assert_eq!(out, "kube-controller-manager");
+
+    // An unknown field: the peer validates against its schema and refuses it, like kube.
+    let bad = dir.path().join("lc-bad.yaml");
+    std::fs::write(&bad, lease_candidate("  bogusField: 1\n"))?;
+    let bad_arg = bad.display().to_string();
+    for args in [
+        &["apply", "-f", bad_arg.as_str()][..],
+        &["apply", "--server-side", "-f", bad_arg.as_str()][..],
+    ] {
+        let (ok, _, err) = kubectl(&kubeconfig, args).await?;
+        assert!(!ok, "{args:?} must fail");
+        assert!(
+            err.contains("BadRequest")
+                && err.contains("strict decoding error: unknown field \"spec.bogusField\""),
+            "{args:?}: {err}"
+        );
+    }
+    Ok(())
+}
+
 fn freshness_of(apis: &str, group: &str, version: &str) -> Option<Option<String>> {
     let v: serde_json::Value = serde_json::from_str(apis).ok()?;
     v["items"]
