@@ -6,8 +6,10 @@
 //! `--etcd`, in a real etcd shared with the other simulated apiservers of the cluster (see
 //! `store/`), keeps its identity Lease like kube-apiserver (see `lease.rs`), answers unserved
 //! paths with kube's `404 page not found`, and echoes what reached it in `x-sim-*` headers.
-//! Minimal `/openapi/v3` and `/openapi/v2` documents keep kubectl's client-side validation
-//! from failing (see `openapi.rs`).
+//! `/openapi/v3` lists a document per served group-version with kube-openapi's hashes: kube's
+//! real document where the OpenAPI fixture folder has it (with strict field validation against
+//! its schemas, `validation.rs`), a minimal one otherwise; `/openapi/v2` is empty (see
+//! `openapi.rs`).
 //! It authenticates like kube-apiserver (requestheader, x509 client certificates, static
 //! tokens, anonymous; see `auth.rs`) and answers `selfsubjectreviews` with the caller; with
 //! `--tls-cert-file` it serves TLS with ALPN h2/http1.1 (see `tls.rs`), else plain HTTP.
