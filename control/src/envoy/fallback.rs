@@ -134,6 +134,9 @@ pub fn last_acknowledged_config(acknowledged: &AcknowledgedConfig) -> FilterConf
             }
         }
     }
+    for entry in config.openapi_v3.values_mut() {
+        entry.peer_cluster = rename(&entry.peer_cluster);
+    }
     config.fallback = Some(Fallback {
         mode: FallbackMode::LastAcknowledged,
         local_cluster: FALLBACK_LOCAL_CLUSTER.to_string(),
@@ -331,7 +334,10 @@ mod tests {
                  "peer_clusters":{"skewgate-peers-b":["apiserver-b"]},
                  "group_versions":[{"group":"resource.k8s.io","version":"v1beta2","resources":[
                    {"resource":"resourceclaims","peer_cluster":"skewgate-peers-b"},
-                   {"resource":"deviceclasses","local":true}]}]}"#,
+                   {"resource":"deviceclasses","local":true}]}],
+                 "openapi_v3":{"apis/resource.k8s.io/v1beta2":{
+                   "server_relative_url":"/openapi/v3/apis/resource.k8s.io/v1beta2?hash=AB",
+                   "peer_cluster":"skewgate-peers-b"}}}"#,
         )
         .expect("valid");
         let record = AcknowledgedConfig {
@@ -366,6 +372,10 @@ mod tests {
                 .peer_cluster
                 .as_deref(),
             Some("skewgate-fallback-skewgate-peers-b")
+        );
+        assert_eq!(
+            config.openapi_v3["apis/resource.k8s.io/v1beta2"].peer_cluster,
+            "skewgate-fallback-skewgate-peers-b"
         );
         FilterConfig::from_json(config.to_json().as_bytes()).expect("the filter accepts it");
 
