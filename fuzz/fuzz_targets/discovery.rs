@@ -77,6 +77,7 @@ fn check_served(list: &APIGroupDiscoveryList) {
             .collect(),
         discovery: None,
         pending_peers: vec![],
+        openapi_v3: Default::default(),
     };
     if let Err(e) = config.validate() {
         panic!("ServedApis holds what the filter config refuses: {e}");

@@ -69,6 +69,7 @@ fn table() -> RoutingTable {
         ],
         discovery: None,
         pending_peers: vec![],
+        openapi_v3: Default::default(),
     };
     assert!(config.validate().is_ok(), "the fuzz table validates");
     RoutingTable::compile(&config)
