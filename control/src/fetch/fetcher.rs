@@ -689,7 +689,8 @@ mod tests {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let server = std::thread::spawn(move || {
             let mut heads = Vec::new();
-            for _ in 0..2 {
+            // `/apis`, `/api` and `/openapi/v3`.
+            for _ in 0..3 {
                 let (mut socket, _) = listener.accept().unwrap();
                 let mut head = Vec::new();
                 let mut buf = [0u8; 1024];
@@ -724,17 +725,22 @@ mod tests {
         let heads = tokio::task::spawn_blocking(move || server.join().unwrap())
             .await
             .unwrap();
+        let mut openapi = 0;
         for head in heads {
             assert!(
                 head.contains("authorization: bearer secret-token"),
                 "{head}"
             );
-            assert!(
-                head.contains(&format!("accept: {}", DISCOVERY_ACCEPT.to_lowercase())),
-                "{head}"
-            );
+            let accept = if head.starts_with("get /openapi/v3 ") {
+                openapi += 1;
+                "application/json".to_string()
+            } else {
+                DISCOVERY_ACCEPT.to_lowercase()
+            };
+            assert!(head.contains(&format!("accept: {accept}")), "{head}");
             assert!(!head.contains("if-none-match"), "{head}");
         }
+        assert_eq!(openapi, 1);
     }
 
     #[test]
