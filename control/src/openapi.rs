@@ -15,6 +15,10 @@ use skewgate_core::openapi::{validate_entry, MAX_ENTRIES};
 
 use crate::discovery::ServedApis;
 
+/// The largest `/openapi/v3` root read: [`MAX_ENTRIES`] entries of a few hundred bytes (kube's
+/// 1.33 root is about 12 KiB); reading stops there.
+pub const MAX_ROOT_BYTES: usize = 2 * 1024 * 1024;
+
 /// One apiserver's `/openapi/v3` root: root path (`apis/<g>/<v>`, `api/v1`) →
 /// `serverRelativeURL`, valid entries only.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -508,8 +508,13 @@ async fn garbage_and_oversized_answers_are_typed_and_change_nothing() -> Result<
     let f = fetcher("apiserver-g", &server.url, FetchConfig::default());
     let good = f.fetch_documents().await?;
     assert_eq!(good, served.docs);
-    let accept = server.requests()[0].header("accept").map(str::to_string);
-    assert_eq!(accept.as_deref(), Some(DISCOVERY_ACCEPT));
+    // `/openapi/v3` is asked for beside discovery (docs/ARCHITECTURE.md "OpenAPI v3").
+    let requests = server.requests();
+    let apis = requests
+        .iter()
+        .find(|r| r.path == "/apis")
+        .context("a /apis request")?;
+    assert_eq!(apis.header("accept"), Some(DISCOVERY_ACCEPT));
 
     type Check = fn(&FetchError) -> bool;
     let cases: Vec<(Mode, ErrorType, Check)> = vec![
@@ -889,7 +894,12 @@ async fn a_new_holder_identity_refetches_at_once_without_if_none_match() -> Resu
     println!("new holder identity to new view: {:?}", started.elapsed());
     assert_eq!(*w.current().context("view")?, v133.docs);
     let requests = server.requests();
-    assert_eq!(requests.len(), 2, "{requests:?}");
+    // `/apis`, `/api`, and `/openapi/v3` beside them.
+    assert_eq!(requests.len(), 3, "{requests:?}");
+    assert!(
+        requests.iter().any(|r| r.path == "/openapi/v3"),
+        "{requests:?}"
+    );
     assert!(requests.iter().all(|r| r.header("if-none-match").is_none()));
     assert_eq!(metrics.outcomes_total(SyncOutcome::Updated), 2);
 
@@ -916,7 +926,11 @@ async fn a_new_holder_identity_refetches_at_once_without_if_none_match() -> Resu
     );
     tokio::time::sleep(deferred_within + Duration::from_millis(1500)).await;
     let requests = server.requests();
-    assert_eq!(requests.len(), 2, "one coalesced refetch: {requests:?}");
+    assert_eq!(
+        requests.len(),
+        3,
+        "one coalesced refetch (/apis, /api, /openapi/v3): {requests:?}"
+    );
     assert!(requests.iter().all(|r| r.header("if-none-match").is_none()));
     assert!(metrics.coalesced_triggers_total() >= 1);
     println!(

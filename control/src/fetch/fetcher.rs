@@ -307,14 +307,19 @@ impl DiscoveryFetcher {
     /// only the local apiserver's OpenAPI (docs/ARCHITECTURE.md "OpenAPI v3").
     async fn fetch_openapi(&self) -> Option<OpenApiRoot> {
         let url = self.full_url(OPENAPI_ROOT);
-        let raw = match self.get(OPENAPI_ROOT, "application/json", None, None).await {
+        // Its own, smaller cap: kube's root is a few hundred bytes per group-version.
+        let budget = Budget::new(crate::openapi::MAX_ROOT_BYTES);
+        let raw = match self
+            .get(OPENAPI_ROOT, "application/json", None, Some(&budget))
+            .await
+        {
             Ok(raw) => raw,
             Err(e) => {
                 tracing::debug!(apiserver = %self.inner.id, error = %e, "no /openapi/v3");
                 return None;
             }
         };
-        match OpenApiRoot::parse(&raw.body, self.inner.config.max_bytes) {
+        match OpenApiRoot::parse(&raw.body, crate::openapi::MAX_ROOT_BYTES) {
             Ok((root, refused)) => {
                 if !refused.is_empty() {
                     tracing::warn!(apiserver = %self.inner.id, %url, ?refused, "/openapi/v3 entries left out");
