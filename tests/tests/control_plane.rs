@@ -919,6 +919,19 @@ async fn a_dead_peers_api_is_retained_until_it_returns_or_the_window_passes() ->
         body.contains("ServiceUnavailable") && body.contains("resource.k8s.io/v1beta2"),
         "{body}"
     );
+    // Its OpenAPI v3 document too: 503, never the local apiserver's 404; and the local
+    // `/openapi/v3` no longer lists it (no live peer serves it).
+    let resp = client()
+        .get(url(&envoy, "/openapi/v3/apis/resource.k8s.io/v1beta2"))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 503);
+    assert!(!header(&resp, "retry-after").is_empty(), "Retry-After");
+    let root = json_at(&url(&envoy, "/openapi/v3")).await?;
+    assert!(
+        root["paths"].get("apis/resource.k8s.io/v1beta2").is_none(),
+        "{root}"
+    );
     // Real kubectl: the get is 503 (never NotFound), and discovery of everything else works.
     let (ok, _, err) = kubectl(
         &kubeconfig,
