@@ -385,6 +385,23 @@ fn versions_of(apis: &str, group: &str) -> Vec<String> {
         .collect()
 }
 
+/// Envoy runs the bootstrap's fallback configuration in `mode`: its gauge says so, and so does
+/// its log (written every few seconds).
+async fn expect_fallback(envoy: &Envoy, mode: &str) -> Result<()> {
+    assert_eq!(
+        envoy
+            .stat("wasmcustom.skewgate_fallback_configuration")
+            .await?,
+        1
+    );
+    let line = format!("FALLBACK configuration ({mode})");
+    eventually("the fallback logged", Duration::from_secs(30), || async {
+        Ok(envoy.log().contains(&line).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
 /// Poll `check` until it gives `Some`; returns it and how long that took.
 async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<(T, Duration)>
 where
@@ -1604,20 +1621,7 @@ async fn envoy_serves_local_only_without_its_control_plane_then_the_live_configu
             .await?,
         1
     );
-    assert_eq!(
-        envoy
-            .stat("wasmcustom.skewgate_fallback_configuration")
-            .await?,
-        1
-    );
-    // Envoy writes its log file every few seconds.
-    eventually("the fallback logged", Duration::from_secs(30), || async {
-        Ok(envoy
-            .log()
-            .contains("FALLBACK configuration (local-only)")
-            .then_some(()))
-    })
-    .await?;
+    expect_fallback(&envoy, "local-only").await?;
 
     // Local-only: each kind of client reaches the local apiserver over verified TLS, in its own
     // cluster variant, authenticated as it would be without skewgate; what only the 1.33 peer
@@ -1784,19 +1788,7 @@ async fn envoy_restarted_without_its_control_plane_serves_the_last_acknowledged_
     .await
     .with_context(|| envoy.log())?;
     eprintln!("last acknowledged: served from b {took:?} after Envoy's admin was up (wait: 2 s)");
-    assert_eq!(
-        envoy
-            .stat("wasmcustom.skewgate_fallback_configuration")
-            .await?,
-        1
-    );
-    eventually("the fallback logged", Duration::from_secs(30), || async {
-        Ok(envoy
-            .log()
-            .contains("FALLBACK configuration (last-acknowledged)")
-            .then_some(()))
-    })
-    .await?;
+    expect_fallback(&envoy, "last-acknowledged").await?;
     // Served locally as before: the local clusters are the static ones.
     let resp = plain
         .get(url(&envoy, DEPLOYMENTS))

@@ -506,6 +506,10 @@ fn plan_openapi<'a>(
     path: &str,
     compiled: &'a CompiledConfig,
 ) -> Option<OpenApiPlan<'a>> {
+    // Every request passes here: anything outside /openapi/v3 leaves after one prefix test.
+    if !path.starts_with(openapi::ROOT_PATH) {
+        return None;
+    }
     match compiled.openapi.route(method, path) {
         OpenApiRoute::Root => return Some(OpenApiPlan::Root),
         OpenApiRoute::Peer {
