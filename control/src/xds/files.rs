@@ -43,7 +43,12 @@ fn response(
 }
 
 fn replace(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!(".{name}.tmp"));
+    // A temporary name of this process's and this call's own: `bootstrap` and `run` write the
+    // same SDS files at start, and with one shared temporary name one's rename took the file
+    // from under the other's (ENOENT, seen in the compose suite).
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, dir.join(name))
 }
