@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use skewgate_core::config::{FilterConfig, GroupVersionRoutes, JsonDocument, ResourceRoute};
 use skewgate_core::discovery::{DiscoveryAnswer, DiscoveryHeaders, MergedDiscovery};
+use skewgate_core::plan::{self, CompiledConfig, RequestPlan};
 use skewgate_core::routing::{Reason, RoutingTable};
 use skewgate_core::{hygiene, identity, negotiation};
 
@@ -83,7 +84,34 @@ const HEADERS_SPOOFED: [&str; 15] = [
     "x-envoy-expected-rq-timeout-ms",
 ];
 
+/// A kubectl GET of one local object as the filter reads it from Envoy (HTTP/1.1, bearer
+/// token, the headers Envoy adds): what `plan::plan_request` gets.
+const KUBECTL_GET: [(&str, &str); 12] = [
+    (":authority", "10.0.0.1:6443"),
+    (":path", "/apis/apps/v1/namespaces/default/deployments/web"),
+    (":method", "GET"),
+    (":scheme", "https"),
+    (
+        "user-agent",
+        "kubectl/v1.37.1 (linux/amd64) kubernetes/0000000",
+    ),
+    ("accept", "application/json"),
+    ("accept-encoding", "gzip"),
+    (
+        "authorization",
+        "Bearer abcdefghijklmnopqrstuvwxyz0123456789",
+    ),
+    ("kubectl-command", "kubectl get"),
+    ("kubectl-session", "0123abcd-4567-89ef-0123-456789abcdef"),
+    ("x-forwarded-proto", "https"),
+    ("x-request-id", "0123abcd-4567-89ef-0123-456789abcdef"),
+];
+
 const CASES: &[(&str, &str)] = &[
+    (
+        "plan-local-get",
+        "plan::plan_request + header_ops, a kubectl GET of a local object (12 headers, token)",
+    ),
     (
         "route-local-list",
         "RoutingTable::route GET (local GVR list)",
@@ -199,9 +227,30 @@ fn run(case: &str, iterations: u64, real: &[u8]) -> Result<()> {
         Vec::new()
     };
     check(case, &table, &merged, &hostile)?;
+    let compiled = CompiledConfig::compile(&config);
+    let kubectl_get: Vec<(String, Vec<u8>)> = KUBECTL_GET
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    if case == "plan-local-get" {
+        match plan::plan_request(&kubectl_get, None, &compiled) {
+            RequestPlan::Forward(f) if f.cluster == "skewgate-local-token" => {}
+            other => return Err(format!("plan-local-get: {other:?}").into()),
+        }
+    }
 
     let start = Instant::now();
     match case {
+        "plan-local-get" => {
+            for _ in 0..iterations {
+                if let RequestPlan::Forward(f) =
+                    plan::plan_request(black_box(&kubectl_get), None, black_box(&compiled))
+                {
+                    black_box(f.header_ops());
+                    black_box(f);
+                }
+            }
+        }
         "route-local-list" => route(&table, LOCAL_LIST, iterations),
         "route-peer-get" => route(&table, PEER_GET, iterations),
         "route-watch" => route(&table, WATCH, iterations),

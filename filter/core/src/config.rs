@@ -237,7 +237,12 @@ impl UpstreamAuth {
 
     /// The Envoy cluster carrying this variant of `base`.
     pub fn cluster(self, base: &str) -> String {
-        format!("{base}{}", self.suffix())
+        // Once per request: two copies, without the formatting machinery.
+        let suffix = self.suffix();
+        let mut cluster = String::with_capacity(base.len() + suffix.len());
+        cluster.push_str(base);
+        cluster.push_str(suffix);
+        cluster
     }
 }
 

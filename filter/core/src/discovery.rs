@@ -271,6 +271,12 @@ impl MergedDiscovery {
         let path = path_and_query
             .split_once('?')
             .map_or(path_and_query, |(p, _)| p);
+        // Every request passes here, nearly all of them for resources: they leave after one
+        // walk over at most four segments, without hashing the path (every legacy path is a
+        // discovery path, `FilterConfig::validate`).
+        if !is_discovery_path(path) {
+            return (None, PassReason::NotDiscovery);
+        }
         let aggregated: Option<(&AggregatedDocument, MakeDocument)> = match path {
             "/apis" => Some((&self.apis, Document::Apis)),
             "/api" => Some((&self.api, Document::Api)),
@@ -278,12 +284,7 @@ impl MergedDiscovery {
         };
         let legacy = self.legacy.get(path).copied();
         if aggregated.is_none() && legacy.is_none() {
-            let reason = if is_discovery_path(path) {
-                PassReason::Local
-            } else {
-                PassReason::NotDiscovery
-            };
-            return (None, reason);
+            return (None, PassReason::Local);
         }
         let Ok(negotiated) = negotiation::negotiate_discovery(headers.accept) else {
             return (None, PassReason::Local);
@@ -400,10 +401,17 @@ fn legacy_group_version(path: &str) -> Option<GroupVersion> {
 
 /// Discovery paths the local apiserver answers when we have nothing better.
 fn is_discovery_path(path: &str) -> bool {
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    // `/api`, `/api/<v>`, `/apis`, `/apis/<g>`, `/apis/<g>/<v>`: at most four segments are
+    // looked at, and nothing is collected.
+    let mut parts = path.trim_matches('/').split('/');
+    let segments = [parts.next(), parts.next(), parts.next(), parts.next()];
     matches!(
-        parts.as_slice(),
-        ["api"] | ["api", _] | ["apis"] | ["apis", _] | ["apis", _, _]
+        segments,
+        [Some("api"), None, None, None]
+            | [Some("api"), Some(_), None, None]
+            | [Some("apis"), None, None, None]
+            | [Some("apis"), Some(_), None, None]
+            | [Some("apis"), Some(_), Some(_), None]
     )
 }
 
@@ -437,6 +445,8 @@ mod tests {
     const APIS: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[{"metadata":{"name":"apps"}}]}"#;
     const API: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[{"metadata":{"name":""}}]}"#;
     const GROUPS: &str = r#"{"kind":"APIGroupList","apiVersion":"v1","groups":[]}"#;
+    /// What a legacy client (kubectl 1.20) asks discovery for.
+    const GROUPS_ACCEPT: &str = "application/json, */*";
 
     fn merged() -> MergedDiscovery {
         MergedDiscovery::compile(&DiscoveryConfig {
@@ -454,6 +464,54 @@ mod tests {
                 ),
             ]),
         })
+    }
+
+    /// Which requests are discovery requests at all: the shapes kube-apiserver serves
+    /// discovery at, however the path is written; everything else leaves at once.
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn only_discovery_shaped_paths_are_discovery_requests() {
+        let d = merged();
+        let cases = [
+            // (path, answered from the merged documents, the reason it passes otherwise)
+            ("/apis", true, PassReason::NotDiscovery),
+            ("/apis?timeout=32s", true, PassReason::NotDiscovery),
+            (
+                "/apis/resource.k8s.io/v1beta2",
+                true,
+                PassReason::NotDiscovery,
+            ),
+            ("/apis/", false, PassReason::Local),
+            ("/api/v1", false, PassReason::Local),
+            ("/apis/apps", false, PassReason::Local),
+            ("/apis/apps/v1", false, PassReason::Local),
+            ("/apis/apps/v1/", false, PassReason::Local),
+            ("/apis//v1", false, PassReason::Local),
+            ("/apis/apps/v1/deployments", false, PassReason::NotDiscovery),
+            (
+                "/apis/apps/v1/namespaces/default/deployments/web",
+                false,
+                PassReason::NotDiscovery,
+            ),
+            ("/api/v1/pods", false, PassReason::NotDiscovery),
+            (
+                "/api/v1/namespaces/default/pods?watch=true",
+                false,
+                PassReason::NotDiscovery,
+            ),
+            ("/healthz", false, PassReason::NotDiscovery),
+            ("/", false, PassReason::NotDiscovery),
+            ("", false, PassReason::NotDiscovery),
+            ("/apisx", false, PassReason::NotDiscovery),
+            ("/openapi/v3/apis/apps/v1", false, PassReason::NotDiscovery),
+        ];
+        for (path, answered, reason) in cases {
+            let (choice, why) = d.negotiate("GET", path, headers(GROUPS_ACCEPT, None));
+            assert_eq!(choice.is_some(), answered, "{path:?}");
+            if !answered {
+                assert_eq!(why, reason, "{path:?}");
+            }
+        }
     }
 
     fn headers<'a>(accept: &'a str, inm: Option<&'a str>) -> DiscoveryHeaders<'a> {
