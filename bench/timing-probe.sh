@@ -6,8 +6,7 @@
 # (--concurrency 1, core 0) on the skewgate bootstrap (render-static, 1.30 local + 1.33 peer)
 # in front of a static nginx, loads it with wrk on core 1 and prints the probe's lines.
 #
-#   bench/timing-probe.sh [SECONDS]      (default 20; after scripts/setup and scripts/bench envoy
-#                                          installed nginx-light and wrk)
+#   bench/timing-probe.sh [SECONDS]      (default 20; installs what it needs, as scripts/bench)
 #
 # The clock reads are host calls themselves: "now" is what one costs, and every other step
 # includes about one of them. Not a product build: never ship it.
@@ -15,6 +14,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-20}
 export PATH="$PWD/.tools/venv/bin:$PATH"
+[ -x .tools/venv/bin/envoy ] || scripts/setup --without-compose-image
+missing=()
+for pkg in patch wrk nginx-light; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get install -y -qq "${missing[@]}" >&2 || { apt-get update -qq >&2 && apt-get install -y -qq "${missing[@]}" >&2; }
+fi
 dir=$PWD/target/timing-probe
 rm -rf "$dir" && mkdir -p "$dir/src"
 git ls-files -z | xargs -0 cp --parents -t "$dir/src"
