@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
+use serde_json::value::RawValue;
 use skewgate_control::openapi::OpenApiRoot;
 use skewgate_core::config::OpenApiPeerEntry;
 use skewgate_core::openapi::{union_root, validate_entry, OpenApiUnion};
@@ -33,17 +34,33 @@ fuzz_target!(|data: &[u8]| {
     let Ok(out) = union_root(data, &union) else {
         return;
     };
-    let local: serde_json::Value = serde_json::from_slice(data).expect("accepted means JSON");
-    let out: serde_json::Value = serde_json::from_slice(&out).expect("the union is JSON");
-    let (Some(local_paths), Some(paths)) = (local["paths"].as_object(), out["paths"].as_object())
-    else {
-        panic!("paths objects in and out");
+    // Compared as raw JSON text, not as serde_json::Value: a number beyond f64 (`1E400`) is
+    // valid JSON that the union passes through unchanged, and Value cannot hold it.
+    let raw_map = |text: &[u8], what: &str| -> BTreeMap<String, Box<RawValue>> {
+        serde_json::from_slice(text).unwrap_or_else(|e| panic!("{what}: {e}"))
     };
-    for (path, entry) in local_paths {
-        assert_eq!(paths.get(path), Some(entry), "{path}");
+    let local = raw_map(data, "accepted means a JSON object");
+    let out = raw_map(&out, "the union is a JSON object");
+    let (Some(local_paths), Some(paths)) = (local.get("paths"), out.get("paths")) else {
+        panic!("paths in and out");
+    };
+    let local_paths = raw_map(
+        local_paths.get().as_bytes(),
+        "accepted means paths is an object",
+    );
+    let paths = raw_map(paths.get().as_bytes(), "the union's paths are an object");
+    for (path, entry) in &local_paths {
+        assert_eq!(
+            paths.get(path).map(|e| e.get()),
+            Some(entry.get()),
+            "{path}"
+        );
     }
     if !local_paths.contains_key(PEER) {
-        assert_eq!(paths[PEER]["serverRelativeURL"], PEER_URL);
+        let peer: serde_json::Value =
+            serde_json::from_str(paths.get(PEER).expect("the peer entry is added").get())
+                .expect("the peer entry is JSON");
+        assert_eq!(peer["serverRelativeURL"], PEER_URL);
     }
     assert!(paths.len() <= local_paths.len() + 1);
 });
