@@ -54,8 +54,8 @@ struct RenderStatic {
     /// Path of skewgate_filter.wasm, as Envoy will see it.
     #[arg(long)]
     wasm: PathBuf,
-    /// Where to write the configuration (created if missing): `envoy.yaml` (start Envoy with
-    /// `envoy -c DIR/envoy.yaml`), the clusters and the filter configuration it reads
+    /// Where to write the configuration (created if missing): `envoy.pb` (start Envoy with
+    /// `envoy -c DIR/envoy.pb`), the clusters and the filter configuration it reads
     /// (`clusters.pb`, `filter.pb`), the SDS files naming the certificates (`skewgate-*.pb`),
     /// and `filter-config.json` to read.
     #[arg(long, value_name = "DIR")]

@@ -19,7 +19,7 @@ use crate::plan::{plan, ApiserverView, Plan, PlanError, PlanInputs};
 use crate::xds::files;
 
 /// The bootstrap's file name in the output directory.
-pub const BOOTSTRAP_FILE: &str = "envoy.yaml";
+pub const BOOTSTRAP_FILE: &str = "envoy.pb";
 /// The filter configuration as JSON, for people and benchmarks (Envoy reads `filter.pb`).
 pub const FILTER_CONFIG_JSON_FILE: &str = "filter-config.json";
 /// The node id of a static Envoy (Envoy requires one for file-based xDS).
@@ -50,7 +50,7 @@ pub struct StaticConfig<'a> {
 #[derive(Debug)]
 pub struct Written {
     pub plan: Plan,
-    /// `dir/envoy.yaml`: `envoy -c` this.
+    /// `dir/envoy.pb`: `envoy -c` this.
     pub bootstrap: PathBuf,
 }
 
@@ -96,7 +96,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
     files::write(&dir, &planned.snapshot).map_err(io(&dir))?;
     let json_path = dir.join(FILTER_CONFIG_JSON_FILE);
     std::fs::write(&json_path, planned.routing.config.to_json()).map_err(io(&json_path))?;
-    let yaml = Bootstrap {
+    let rendered = Bootstrap {
         listen: config.listen,
         admin: config.admin,
         config_source: ConfigSource::Files { dir: &dir },
@@ -113,7 +113,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
     }
     .render()?;
     let bootstrap = dir.join(BOOTSTRAP_FILE);
-    std::fs::write(&bootstrap, yaml).map_err(io(&bootstrap))?;
+    std::fs::write(&bootstrap, rendered).map_err(io(&bootstrap))?;
     Ok(Written {
         plan: planned,
         bootstrap,

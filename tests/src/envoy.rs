@@ -146,8 +146,8 @@ impl Envoy {
 
     /// Start Envoy on a rendered bootstrap and wait for its listener; fails if Envoy exits
     /// before the listener is up.
-    pub async fn start_with_bootstrap(yaml: &str) -> Result<Self> {
-        let mut envoy = Self::spawn(yaml, Address::parse_listen("127.0.0.1:0")?).await?;
+    pub async fn start_with_bootstrap(bootstrap: &[u8]) -> Result<Self> {
+        let mut envoy = Self::spawn(bootstrap, Address::parse_listen("127.0.0.1:0")?).await?;
         envoy.wait_ready().await?;
         Ok(envoy)
     }
@@ -155,13 +155,13 @@ impl Envoy {
     /// Start Envoy on a rendered bootstrap that listens on `listen`, and wait for its admin
     /// interface only: the listener may open much later (in the live mode, after the first
     /// xDS sync). With port 0 in `listen`, [`Envoy::wait_ready`] finds the kernel's choice.
-    pub async fn spawn(yaml: &str, listen: Address) -> Result<Self> {
+    pub async fn spawn(bootstrap: &[u8], listen: Address) -> Result<Self> {
         let dir = tempfile::tempdir()?;
-        std::fs::write(dir.path().join(BOOTSTRAP_FILE), yaml)?;
+        std::fs::write(dir.path().join(BOOTSTRAP_FILE), bootstrap)?;
         Self::spawn_in(dir, listen).await
     }
 
-    /// Start Envoy on the bootstrap in `dir` (`envoy.yaml`, and whatever it reads beside it),
+    /// Start Envoy on the bootstrap in `dir` (`envoy.pb`, and whatever it reads beside it),
     /// and wait for its admin interface only.
     pub async fn spawn_in(dir: tempfile::TempDir, listen: Address) -> Result<Self> {
         let config_path = dir.path().join(BOOTSTRAP_FILE);

@@ -8,6 +8,7 @@
 //!
 //! | module | what |
 //! | --- | --- |
+//! | `bootstrap` | the rendered bootstrap (binary protobuf) read and edited as data |
 //! | `paths` | the repository, fixtures, the release filter, tool binaries (Envoy, kubectl, Python) |
 //! | `sim` | simulated apiservers ([`SimApiserver`], [`SimOptions`]) and identity Lease names |
 //! | `envoy` | Envoy with the filter ([`Envoy`], [`EnvoyOptions`], [`PeerSpec`], [`Probe`]) |
@@ -21,6 +22,7 @@
 //! | `net` | free loopback ports and a peer that never answers |
 //! | `wait` | polling a condition |
 
+pub mod bootstrap;
 mod browser;
 mod envoy;
 mod etcd;

@@ -22,8 +22,9 @@ use futures_util::StreamExt;
 use skewgate_control::envoy::Address;
 use skewgate_control::local_channels::{ADMIN_SOCKET, XDS_SOCKET};
 use skewgate_tests::{
-    free_port, header, kubeconfig_tls, kubectl, local_get, repo_root, wasm_path, Credential, Envoy,
-    Etcd, PeerAdvertise, Probe, SimApiserver, SimOptions, Subject, TestPki, TEST_TOKENS,
+    envoy_bin, free_port, header, kubeconfig_tls, kubectl, local_get, repo_root, wasm_path,
+    Credential, Envoy, Etcd, PeerAdvertise, Probe, SimApiserver, SimOptions, Subject, TestPki,
+    TEST_TOKENS,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
@@ -315,6 +316,20 @@ async fn live_envoy_with(
     extra: &[String],
 ) -> Result<Envoy> {
     let port = free_port()?;
+    let bootstrap = render_live_bootstrap(control, pki, peer_port, extra, port).await?;
+    let mut envoy = Envoy::spawn(&bootstrap, Address::parse(&format!("127.0.0.1:{port}"))?).await?;
+    envoy.tls = pki.is_some();
+    Ok(envoy)
+}
+
+/// What `skewgate-control bootstrap` prints for [`live_envoy_with`], listening on `port`.
+async fn render_live_bootstrap(
+    control: &Control,
+    pki: Option<&TestPki>,
+    peer_port: Option<(u16, &SimApiserver)>,
+    extra: &[String],
+    port: u16,
+) -> Result<Vec<u8>> {
     let mut listener_args: Vec<String> = match pki {
         Some(pki) => vec![
             format!("--tls-cert-file={}", pki.serving.cert_file.display()),
@@ -344,10 +359,13 @@ async fn live_envoy_with(
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let yaml = String::from_utf8(out.stdout)?;
-    let mut envoy = Envoy::spawn(&yaml, Address::parse(&format!("127.0.0.1:{port}"))?).await?;
-    envoy.tls = pki.is_some();
-    Ok(envoy)
+    if !out.stderr.is_empty() {
+        eprintln!(
+            "skewgate-control bootstrap: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out.stdout)
 }
 
 /// `path` through Envoy.
@@ -1691,8 +1709,8 @@ async fn envoy_serves_local_only_without_its_control_plane_then_the_live_configu
     assert!(versions_of(&body, "resource.k8s.io").contains(&"v1beta2".to_string()));
     eprintln!("fallback: live configuration {took:?} after the control plane started");
 
-    // The fallback clusters are the control plane's local clusters under other names: two
-    // renderers (bootstrap JSON, CDS protobuf) compared as Envoy holds them.
+    // The fallback clusters are the control plane's local clusters under other names (one
+    // renderer, `envoy::resources::cluster`), compared as Envoy holds them.
     for auth in ["identity", "token", "anonymous"] {
         let fallback = cluster_dump(&envoy, &format!("skewgate-fallback-local-{auth}")).await?;
         let live = cluster_dump(&envoy, &format!("skewgate-local-{auth}")).await?;
@@ -1704,6 +1722,217 @@ async fn envoy_serves_local_only_without_its_control_plane_then_the_live_configu
         assert_eq!(fallback, live.to_string(), "{auth}");
     }
     drop(b);
+    Ok(())
+}
+
+/// `bootstrap` flags for a 2 s fallback from the state directory `state`, to `local`.
+fn fallback_flags(state: &Path, local: &SimApiserver, pki: &TestPki) -> Result<Vec<String>> {
+    Ok(vec![
+        "--control-plane-wait=2s".to_string(),
+        format!("--state-dir={}", state.display()),
+        format!("--wasm={}", wasm_path()?.display()),
+        format!("--local-apiserver-url={}", local.url()),
+        format!("--peer-ca-file={}", pki.cluster_ca.cert_file.display()),
+        format!(
+            "--proxy-client-cert-file={}",
+            pki.front_proxy_client.cert_file.display()
+        ),
+        format!(
+            "--proxy-client-key-file={}",
+            pki.front_proxy_client.key_file.display()
+        ),
+    ])
+}
+
+/// Strings a peer (or an extension apiserver behind an APIService) could put in its discovery:
+/// template syntax, quotes, backslashes, control characters, NUL, YAML/JSON syntax, HTML,
+/// non-ASCII and a long one.
+fn hostile_strings() -> Vec<String> {
+    vec![
+        "{{node_id}}".into(),
+        "{{#fallback}}x{{/fallback}}".into(),
+        "\"".into(),
+        "'".into(),
+        "\\".into(),
+        "\u{0}".into(),
+        "\n- name: evil\n  type: STATIC".into(),
+        "\r\t\u{7}\u{1b}[31m".into(),
+        "]}}{{: ,&a *a !!binary |".into(),
+        "{\"@type\":\"x\"}".into(),
+        "</script><script>alert(1)</script>".into(),
+        "Ünïcødé ✓ 日本 \u{202e}".into(),
+        "y".repeat(10_000),
+    ]
+}
+
+/// The 1.33 fixture with the hostile strings in every string field of the peer-only
+/// `resourceclaims` that kube does not constrain to a name (`shortNames`, `categories`), and a
+/// resource of their own beside it carrying them in its singular name and kind too.
+fn hostile_fixture(dir: &Path) -> Result<PathBuf> {
+    let out = dir.join("k8s-1.33-hostile");
+    std::fs::create_dir_all(&out)?;
+    let source = skewgate_tests::fixture("k8s-1.33");
+    for file in ["api.json", "api__v1.json"] {
+        std::fs::copy(source.join(file), out.join(file))?;
+    }
+    let mut apis: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(source.join("aggregated_v2.json"))?)?;
+    let hostile = hostile_strings();
+    let mut edited = 0;
+    for group in apis["items"].as_array_mut().into_iter().flatten() {
+        if group["metadata"]["name"] != "resource.k8s.io" {
+            continue;
+        }
+        for version in group["versions"].as_array_mut().into_iter().flatten() {
+            if version["version"] != "v1beta2" {
+                continue;
+            }
+            let resources = version["resources"].as_array_mut().context("resources")?;
+            for r in resources.iter_mut() {
+                if r["resource"] == "resourceclaims" {
+                    r["shortNames"] = serde_json::json!(hostile);
+                    r["categories"] = serde_json::json!(hostile);
+                    edited += 1;
+                }
+            }
+            resources.push(serde_json::json!({
+                "resource": "hostilethings",
+                "responseKind": {"group": "", "version": "", "kind": hostile[0]},
+                "scope": "Namespaced",
+                "singularResource": hostile[1],
+                "verbs": ["get", "list"],
+                "shortNames": hostile,
+                "categories": hostile,
+            }));
+        }
+    }
+    assert_eq!(
+        edited, 1,
+        "the fixture has resource.k8s.io/v1beta2 resourceclaims"
+    );
+    std::fs::write(out.join("aggregated_v2.json"), serde_json::to_vec(&apis)?)?;
+    Ok(out)
+}
+
+/// A peer whose discovery carries hostile strings in every string field it has: routing is
+/// unaffected, merged discovery is valid JSON holding them verbatim, the bootstrap rendered
+/// from the kept configuration passes `envoy --mode validate`, and Envoy restarted alone from
+/// it serves `/version` and the peer-only resource. (Before the bootstrap was built as data,
+/// `{{node_id}}` in a shortName broke the rendered YAML and Envoy exited at start, on every
+/// node that kept the configuration.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_strings_in_a_peers_discovery_cannot_keep_envoy_from_starting() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let pki = TestPki::generate()?;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let state = dir.path().join("state");
+    let hostile = hostile_fixture(dir.path())?;
+    let a =
+        SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd).with_pki(&pki)).await?;
+    let _b = SimApiserver::start_with(
+        shared("apiserver-b", &hostile.display().to_string(), &etcd).with_pki(&pki),
+    )
+    .await?;
+    let mut control = Control::secure(&a, dir.path(), &pki)?;
+    control
+        .args
+        .push(format!("--state-dir={}", state.display()).into());
+    let bootstrap = fallback_flags(&state, &a, &pki)?;
+    let bob = TEST_TOKENS[0];
+    let plain = pki.client(None)?;
+    let get_as_bob = |envoy: &Envoy, path: &str| {
+        let (plain, envoy_url) = (plain.clone(), url(envoy, path));
+        async move {
+            let resp = plain.get(envoy_url).bearer_auth(bob.token).send().await?;
+            Ok::<_, anyhow::Error>((resp.status().as_u16(), header(&resp, "x-sim-apiserver")))
+        }
+    };
+
+    control.start().await?;
+    let envoy = live_envoy_with(&control, Some(&pki), None, &bootstrap).await?;
+    eventually("routed to b", Duration::from_secs(30), || async {
+        Ok((get_as_bob(&envoy, CLAIMS).await? == (200, "apiserver-b".to_string())).then_some(()))
+    })
+    .await
+    .with_context(|| control.log())?;
+    // Merged discovery: valid JSON, the strings verbatim.
+    let merged: serde_json::Value = plain
+        .get(url(&envoy, "/apis"))
+        .bearer_auth(bob.token)
+        .header("accept", AGGREGATED)
+        .send()
+        .await?
+        .json()
+        .await
+        .context("merged /apis is not JSON")?;
+    let resources: Vec<&serde_json::Value> = merged["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g["metadata"]["name"] == "resource.k8s.io")
+        .flat_map(|g| g["versions"].as_array().into_iter().flatten())
+        .filter(|v| v["version"] == "v1beta2")
+        .flat_map(|v| v["resources"].as_array().into_iter().flatten())
+        .collect();
+    let things = resources
+        .iter()
+        .find(|r| r["resource"] == "hostilethings")
+        .context("the hostile resource is in merged discovery")?;
+    assert_eq!(things["shortNames"], serde_json::json!(hostile_strings()));
+    assert_eq!(things["responseKind"]["kind"], "{{node_id}}");
+    let kept = state.join("last-acknowledged.json");
+    eventually(
+        "the configuration kept",
+        Duration::from_secs(10),
+        || async { Ok(kept.exists().then_some(())) },
+    )
+    .await
+    .with_context(|| control.log())?;
+    assert!(
+        std::fs::read_to_string(&kept)?.contains("{{node_id}}"),
+        "the kept configuration holds the hostile strings"
+    );
+
+    // Both gone. The bootstrap rendered from the kept configuration: Envoy validates it.
+    control.kill().await?;
+    drop(envoy);
+    let rendered =
+        render_live_bootstrap(&control, Some(&pki), None, &bootstrap, free_port()?).await?;
+    let file = dir.path().join("validate.pb");
+    std::fs::write(&file, &rendered)?;
+    let out = Command::new(envoy_bin()?)
+        .args(["--mode", "validate", "-c"])
+        .arg(&file)
+        .output()
+        .await?;
+    assert!(
+        out.status.success(),
+        "envoy --mode validate refused the bootstrap:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Envoy restarted alone serves from it: /version locally, the peer-only resource from b.
+    let mut envoy = live_envoy_with(&control, Some(&pki), None, &bootstrap).await?;
+    envoy.wait_ready().await.with_context(|| envoy.log())?;
+    eventually(
+        "the peer-only resource from b",
+        Duration::from_secs(30),
+        || async {
+            Ok(
+                (get_as_bob(&envoy, CLAIMS).await.ok() == Some((200, "apiserver-b".to_string())))
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+    .with_context(|| envoy.log())?;
+    assert_eq!(
+        get_as_bob(&envoy, "/version").await?,
+        (200, "apiserver-a".to_string())
+    );
+    expect_fallback(&envoy, "last-acknowledged").await?;
     Ok(())
 }
 
@@ -1728,21 +1957,7 @@ async fn envoy_restarted_without_its_control_plane_serves_the_last_acknowledged_
     control
         .args
         .push(format!("--state-dir={}", state.display()).into());
-    let bootstrap = [
-        "--control-plane-wait=2s".to_string(),
-        format!("--state-dir={}", state.display()),
-        format!("--wasm={}", wasm_path()?.display()),
-        format!("--local-apiserver-url={}", a.url()),
-        format!("--peer-ca-file={}", pki.cluster_ca.cert_file.display()),
-        format!(
-            "--proxy-client-cert-file={}",
-            pki.front_proxy_client.cert_file.display()
-        ),
-        format!(
-            "--proxy-client-key-file={}",
-            pki.front_proxy_client.key_file.display()
-        ),
-    ];
+    let bootstrap = fallback_flags(&state, &a, &pki)?;
     let bob = TEST_TOKENS[0];
     let plain = pki.client(None)?;
     let claims_from = |envoy: &Envoy| {

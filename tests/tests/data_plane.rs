@@ -6,6 +6,8 @@ use std::time::Duration;
 use anyhow::Result;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
+use skewgate_control::static_config::BOOTSTRAP_FILE;
+use skewgate_tests::bootstrap::relocate_static;
 use skewgate_tests::{
     black_hole, header, kubectl, mixed_cluster, watch_until, Envoy, EnvoyOptions, PeerSpec,
     SimApiserver, SimOptions,
@@ -457,7 +459,7 @@ async fn a_configuration_that_does_not_validate_is_refused_whole() -> Result<()>
     let cluster = peer_cluster(&envoy);
     let good_dir = envoy.dir.path();
     let bad_dir = tempfile::tempdir()?;
-    for file in ["clusters.pb", "filter.pb", "envoy.yaml"] {
+    for file in ["clusters.pb", "filter.pb", BOOTSTRAP_FILE] {
         let bytes = std::fs::read(good_dir.join(file))?;
         let bytes = match file {
             // One bad reference among many good entries.
@@ -468,12 +470,7 @@ async fn a_configuration_that_does_not_validate_is_refused_whole() -> Result<()>
                 assert_ne!(text, bytes, "the test must corrupt the configuration");
                 text
             }
-            "envoy.yaml" => String::from_utf8(bytes)?
-                .replace(
-                    &good_dir.display().to_string(),
-                    &bad_dir.path().display().to_string(),
-                )
-                .into_bytes(),
+            BOOTSTRAP_FILE => relocate_static(&bytes, good_dir, bad_dir.path())?,
             _ => bytes,
         };
         std::fs::write(bad_dir.path().join(file), bytes)?;
@@ -584,7 +581,7 @@ async fn a_retained_resource_is_answered_503_by_the_filter() -> Result<()> {
     let cluster = peer_cluster(&envoy);
     let good_dir = envoy.dir.path();
     let dir = tempfile::tempdir()?;
-    for file in ["clusters.pb", "filter.pb", "envoy.yaml"] {
+    for file in ["clusters.pb", "filter.pb", BOOTSTRAP_FILE] {
         let bytes = std::fs::read(good_dir.join(file))?;
         let bytes = match file {
             "filter.pb" => {
@@ -598,12 +595,7 @@ async fn a_retained_resource_is_answered_503_by_the_filter() -> Result<()> {
                 assert_ne!(text, bytes, "the test must edit the configuration");
                 text
             }
-            "envoy.yaml" => String::from_utf8(bytes)?
-                .replace(
-                    &good_dir.display().to_string(),
-                    &dir.path().display().to_string(),
-                )
-                .into_bytes(),
+            BOOTSTRAP_FILE => relocate_static(&bytes, good_dir, dir.path())?,
             _ => bytes,
         };
         std::fs::write(dir.path().join(file), bytes)?;

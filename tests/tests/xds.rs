@@ -1,4 +1,4 @@
-//! The live mode on real Envoy 1.40: the rendered `envoy/bootstrap.yaml`, the xDS
+//! The live mode on real Envoy 1.40: the rendered bootstrap (`skewgate_control::envoy::bootstrap`), the xDS
 //! server of `skewgate_control::xds` running in this test process on its Unix socket, the release
 //! `skewgate_filter.wasm`, and simulated apiservers (1.30 local, 1.33 peer) serving the real
 //! fixture documents.

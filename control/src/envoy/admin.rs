@@ -34,7 +34,7 @@ const MAX_BODY: usize = 8 << 20;
 const TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The Prometheus text of the filter's counters (`wasmcustom.` stats; Envoy strips the prefix
-/// and turns the labels in their names into labels, envoy/bootstrap.yaml `stats_tags`).
+/// and turns the labels in their names into labels, the bootstrap's `stats_tags`, `crate::envoy::bootstrap`).
 pub const FILTER_STATS: &str = "/stats/prometheus?filter=%5Ewasmcustom%5C.";
 
 /// GET `path_and_query` on Envoy's admin interface at `admin`: the body of a 200.

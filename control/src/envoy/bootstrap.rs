@@ -1,22 +1,100 @@
-//! Renders `envoy/bootstrap.yaml`, the one Envoy bootstrap of both modes.
+//! The Envoy bootstrap of both modes, built as Envoy's own protobuf message and serialised once,
+//! in binary (`envoy -c <file>.pb` reads it).
 //!
-//! The template carries every Envoy setting with the reason for it; this module only fills in
-//! the listener (and its TLS), the admin address (a Unix socket by default,
-//! [`crate::local_channels`]), the node id, the short request timeout, the
-//! optional peer port, and where the clusters and the filter configuration come from
-//! ([`ConfigSource`]: the control plane's ADS stream, or files beside the bootstrap).
+//! Nothing here is text: every value (the node id, an address, a path, and above all the filter
+//! configuration of the fallback, which holds strings from apiservers' discovery, Leases and
+//! files) is a protobuf field, so no value can change the structure around it, whatever it
+//! contains. [`Bootstrap::render`] decodes what it encoded and checks it before anyone writes
+//! it. The clusters and the filter's extension entry are those of the live resources
+//! ([`super::resources`]): one renderer per Envoy setting, whichever way it reaches Envoy.
+//!
+//! What is in it, each with the reason why:
+//! - the listener clients connect to ([`Bootstrap::listen`]), its TLS, its HTTP connection
+//!   manager and route table, and the HTTP filter chain (skewgate's filter, whose
+//!   configuration comes over ECDS, then the router);
+//! - optionally the L4 peer port ([`PeerPassthrough`]);
+//! - the admin interface ([`crate::local_channels`]);
+//! - where the clusters (CDS) and the filter configuration (ECDS) come from ([`ConfigSource`]:
+//!   the control plane's ADS stream, or files beside the bootstrap), and in the live mode how
+//!   long Envoy waits for them before it serves its fallback ([`super::fallback`]).
 
 use std::path::Path;
 use std::time::Duration;
 
-use super::fallback::{
-    default_filter_config, envoy_duration, static_clusters, FallbackInputs, Waits, MIN_WAIT,
+use envoy_types::pb::envoy::config::bootstrap::v3::{
+    bootstrap, Admin, Bootstrap as EnvoyBootstrap,
 };
-use super::secrets::{sds_secret_config_json, CLIENT_CA_SECRET, SERVING_SECRET};
-use super::{checked_path, Address, EnvoyError, ServingTls, REQUEST_TIMEOUT_MARGIN};
+use envoy_types::pb::envoy::config::cluster::v3::{
+    cluster::{ClusterDiscoveryType, DiscoveryType},
+    Cluster, UpstreamConnectionOptions,
+};
+use envoy_types::pb::envoy::config::core::v3::{
+    address, api_config_source::ApiType, config_source::ConfigSourceSpecifier, data_source,
+    grpc_service, socket_address, socket_option, transport_socket, Address as EnvoyAddress,
+    AggregatedConfigSource, ApiConfigSource, ApiVersion, BackoffStrategy, CidrRange,
+    ConfigSource as ProtoConfigSource, DataSource, ExtensionConfigSource, GrpcService,
+    Http2ProtocolOptions, HttpProtocolOptions as CoreHttpProtocolOptions, KeepaliveSettings, Node,
+    PathConfigSource, Pipe, RetryPolicy as CoreRetryPolicy, SocketAddress, SocketOption,
+    TcpKeepalive, TransportSocket,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
+};
+use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, Listener};
+use envoy_types::pb::envoy::config::metrics::v3::{tag_specifier, StatsConfig, TagSpecifier};
+use envoy_types::pb::envoy::config::rbac::v3::{
+    permission, principal, rbac, Permission, Policy, Principal, Rbac as RbacRules,
+};
+use envoy_types::pb::envoy::config::route::v3::{
+    header_matcher::HeaderMatchSpecifier, retry_policy::RetryHostPredicate, route,
+    route_action::ClusterSpecifier, route_match::PathSpecifier, DirectResponseAction,
+    HeaderMatcher, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::{
+        CodecType, ForwardClientCertDetails, PathWithEscapedSlashesAction, RouteSpecifier,
+        SetCurrentClientCertDetails, UpgradeConfig,
+    },
+    http_filter, HttpConnectionManager, HttpFilter,
+};
+use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac;
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy, TcpProxy};
+use envoy_types::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    common_tls_context::ValidationContextType, CommonTlsContext, DownstreamTlsContext,
+};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+    http_protocol_options::{
+        explicit_http_config::ProtocolConfig, ExplicitHttpConfig, UpstreamProtocolOptions,
+    },
+    HttpProtocolOptions,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
+use envoy_types::pb::google::protobuf::{BoolValue, Duration as ProtoDuration, UInt32Value};
+use envoy_types::util::pack_any;
+use prost::Message;
+
+use super::fallback::{self, FallbackInputs, Waits, MIN_WAIT};
+use super::resources::{envoy_address, proto_duration, HTTP_PROTOCOL_OPTIONS, WASM_TYPE_URL};
+use super::secrets::{sds_secret_config, CLIENT_CA_SECRET, SERVING_SECRET};
+use super::{checked_path, Address, EnvoyError, FILTER_NAME, REQUEST_TIMEOUT_MARGIN};
 use crate::local_channels::{LocalChannel, SOCKET_MODE};
 
-const TEMPLATE: &str = include_str!("../../../envoy/bootstrap.yaml");
+/// The listener clients connect to, and its route table and virtual host.
+pub const LISTENER_NAME: &str = "apiserver";
+/// The L4 peer port's listener.
+pub const PEER_LISTENER_NAME: &str = "peer";
+/// The cluster behind the peer port: the apiserver this Envoy fronts.
+pub const PASSTHROUGH_CLUSTER: &str = "skewgate-local-passthrough";
+/// The control plane beside this Envoy (live mode).
+pub const CONTROL_PLANE_CLUSTER: &str = "skewgate-control";
+/// The header the filter writes its routing decision into: the cluster to use.
+pub const UPSTREAM_CLUSTER_HEADER: &str = "x-skewgate-upstream-cluster";
+/// The header the filter sets to `unbounded` on long-running requests (no route timeout).
+pub const REQUEST_CLASS_HEADER: &str = "x-skewgate-request-class";
+/// The body of the catch-all route: a request the filter did not route.
+const NOT_ROUTED_STATUS: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the request was not routed by the skewgate filter","reason":"ServiceUnavailable","code":503}"#;
 
 /// Where Envoy gets its clusters (CDS) and the filter configuration (ECDS).
 #[derive(Debug, Clone, Copy)]
@@ -42,7 +120,7 @@ pub struct Bootstrap<'a> {
     /// [`REQUEST_TIMEOUT_MARGIN`] more.
     pub request_timeout: Duration,
     /// TLS for clients; `None` serves plaintext (tests and demos on loopback only).
-    pub serving: Option<&'a ServingTls>,
+    pub serving: Option<&'a super::ServingTls>,
     /// Where the SDS files of [`Bootstrap::serving`] are (absolute; written with
     /// [`super::secrets::serving_secrets`] and [`crate::xds::files::write_secrets`]). Needed
     /// with `serving`.
@@ -66,93 +144,523 @@ pub struct PeerPassthrough<'a> {
     pub allowed_sources: &'a [ipnet::IpNet],
 }
 
-/// Keep or drop the lines between `# {{#name}}` and `# {{/name}}`; the marker lines always go.
-fn section(template: &str, name: &str, keep: bool) -> String {
-    let (open, close) = (format!("# {{{{#{name}}}}}"), format!("# {{{{/{name}}}}}"));
-    let mut inside = false;
-    let mut out = String::with_capacity(template.len());
-    for line in template.split_inclusive('\n') {
-        let trimmed = line.trim();
-        if trimmed == open {
-            inside = true;
-        } else if trimmed == close {
-            inside = false;
-        } else if keep || !inside {
-            out.push_str(line);
-        }
-    }
-    out
+fn bool_value(value: bool) -> Option<BoolValue> {
+    Some(BoolValue { value })
 }
 
-/// The filter chain's name and `transport_socket`, as YAML (the socket in one line of JSON
-/// flow). The certificate, key and client CA come through SDS from the files in `sds_dir`
-/// ([`super::secrets`]), so that renewed files take effect without a restart.
-fn downstream_tls(
-    serving: Option<&ServingTls>,
-    sds_dir: Option<&Path>,
-) -> Result<String, EnvoyError> {
-    let Some(tls) = serving else {
-        return Ok("name: plaintext".to_string());
-    };
-    let dir = sds_dir.ok_or(EnvoyError::NoSdsDir)?;
-    let mut common = serde_json::json!({
-        "alpn_protocols": ["h2", "http/1.1"],
-        "tls_certificate_sds_secret_configs": [sds_secret_config_json(dir, SERVING_SECRET)?],
-    });
-    if tls.client_ca_file.is_some() {
-        common["validation_context_sds_secret_config"] =
-            sds_secret_config_json(dir, CLIENT_CA_SECRET)?;
-    }
-    let socket = serde_json::json!({
-        "name": "envoy.transport_sockets.tls",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
-            // Optional, as on kube-apiserver: token and anonymous clients present none. A
-            // certificate that is presented must verify, or the handshake fails.
-            "require_client_certificate": false,
-            "common_tls_context": common,
-        }
-    });
-    Ok(format!("name: tls\n      transport_socket: {socket}"))
+fn u32_value(value: u32) -> Option<UInt32Value> {
+    Some(UInt32Value { value })
 }
 
-/// A local channel as an Envoy `Address`, in YAML flow. `bind`: Envoy listens on it, and
-/// creates a socket with mode [`SOCKET_MODE`].
-fn local_address(channel: &LocalChannel, bind: bool) -> Result<String, EnvoyError> {
+fn seconds(seconds: i64) -> Option<ProtoDuration> {
+    Some(ProtoDuration { seconds, nanos: 0 })
+}
+
+/// SO_KEEPALIVE (SOL_SOCKET) on accepted connections: watches and exec sessions can be silent
+/// for a long time, and dead clients must not pin upstream streams forever.
+fn keepalive_socket_option() -> SocketOption {
+    SocketOption {
+        level: 1, // SOL_SOCKET
+        name: 9,  // SO_KEEPALIVE
+        value: Some(socket_option::Value::IntValue(1)),
+        state: socket_option::SocketState::StatePrebind as i32,
+        ..Default::default()
+    }
+}
+
+/// A local channel as an Envoy address. `bind`: Envoy listens on it, and creates the socket
+/// with mode [`SOCKET_MODE`] (only its own user and root may connect).
+fn local_address(channel: &LocalChannel, bind: bool) -> Result<EnvoyAddress, EnvoyError> {
     Ok(match channel {
-        LocalChannel::Unix(path) => {
-            let path = checked_path(path, "the socket path")?;
-            let pipe = if bind {
-                serde_json::json!({ "mode": SOCKET_MODE, "path": path })
-            } else {
-                serde_json::json!({ "path": path })
-            };
-            serde_json::json!({ "pipe": pipe }).to_string()
-        }
-        LocalChannel::Tcp(address) => serde_json::json!({ "socket_address": {
-            "address": address.ip().to_string(),
-            "port_value": address.port(),
-        }})
-        .to_string(),
+        LocalChannel::Unix(path) => EnvoyAddress {
+            address: Some(address::Address::Pipe(Pipe {
+                path: checked_path(path, "the socket path")?.to_string(),
+                mode: if bind { SOCKET_MODE } else { 0 },
+            })),
+        },
+        LocalChannel::Tcp(socket) => EnvoyAddress {
+            address: Some(address::Address::SocketAddress(SocketAddress {
+                address: socket.ip().to_string(),
+                port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+                    socket.port(),
+                ))),
+                ..Default::default()
+            })),
+        },
     })
 }
 
-/// A config source in YAML flow: ADS, or one file of `dir`.
-fn config_source(source: ConfigSource<'_>, file: &str) -> Result<String, EnvoyError> {
-    Ok(match source {
-        ConfigSource::Ads { .. } => "ads: {}".to_string(),
+/// A config source: the ADS stream, or one file of `dir`. Both speak the v3 API.
+fn config_source(
+    source: ConfigSource<'_>,
+    file: &str,
+    initial_fetch_timeout: Duration,
+) -> Result<ProtoConfigSource, EnvoyError> {
+    let specifier = match source {
+        ConfigSource::Ads { .. } => ConfigSourceSpecifier::Ads(AggregatedConfigSource {}),
         ConfigSource::Files { dir } => {
-            let path = checked_path(dir, "the configuration directory")?;
-            format!(
-                "path_config_source: {}",
-                serde_json::json!({ "path": format!("{}/{file}", path.trim_end_matches('/')) })
-            )
+            let dir = checked_path(dir, "the configuration directory")?;
+            ConfigSourceSpecifier::PathConfigSource(PathConfigSource {
+                path: format!("{}/{file}", dir.trim_end_matches('/')),
+                ..Default::default()
+            })
         }
+    };
+    Ok(ProtoConfigSource {
+        resource_api_version: ApiVersion::V3 as i32,
+        config_source_specifier: Some(specifier),
+        initial_fetch_timeout: Some(proto_duration(initial_fetch_timeout)),
+        ..Default::default()
     })
+}
+
+/// The listener's TLS: the apiserver's own serving certificate (clients verify Envoy as the
+/// apiserver), ALPN h2 and http/1.1 like kube-apiserver, and with a client CA, client
+/// certificates requested but optional (token and anonymous clients present none) and verified
+/// against it; a presented certificate that does not verify fails the handshake. The
+/// certificate, key and client CA come through SDS from the files in `sds_dir`
+/// ([`super::secrets`]), which Envoy watches: a renewal takes effect without a restart.
+fn downstream_tls(
+    serving: &super::ServingTls,
+    sds_dir: Option<&Path>,
+) -> Result<TransportSocket, EnvoyError> {
+    let dir = sds_dir.ok_or(EnvoyError::NoSdsDir)?;
+    let validation_context_type = serving
+        .client_ca_file
+        .as_ref()
+        .map(|_| sds_secret_config(dir, CLIENT_CA_SECRET))
+        .transpose()?
+        .map(ValidationContextType::ValidationContextSdsSecretConfig);
+    let context = DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            alpn_protocols: vec!["h2".into(), "http/1.1".into()],
+            tls_certificate_sds_secret_configs: vec![sds_secret_config(dir, SERVING_SECRET)?],
+            validation_context_type,
+            ..Default::default()
+        }),
+        // Optional, as on kube-apiserver.
+        require_client_certificate: bool_value(false),
+        ..Default::default()
+    };
+    Ok(TransportSocket {
+        name: "envoy.transport_sockets.tls".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(context))),
+    })
+}
+
+/// Fail over to another host of the cluster (another peer serving the same resource), but
+/// only when the request cannot have been processed: the connection was never established or
+/// was reset before the request was sent.
+fn retry_policy() -> RetryPolicy {
+    RetryPolicy {
+        retry_on: "connect-failure,reset-before-request".into(),
+        num_retries: u32_value(2),
+        retry_host_predicate: vec![RetryHostPredicate {
+            name: "envoy.retry_host_predicates.previous_hosts".into(),
+            config_type: Some(
+                envoy_types::pb::envoy::config::route::v3::retry_policy::retry_host_predicate::ConfigType::TypedConfig(
+                    pack_any(PreviousHostsPredicate::default()),
+                ),
+            ),
+        }],
+        host_selection_retry_max_attempts: 3,
+        ..Default::default()
+    }
+}
+
+fn header_present(name: &str) -> HeaderMatcher {
+    HeaderMatcher {
+        name: name.into(),
+        header_match_specifier: Some(HeaderMatchSpecifier::PresentMatch(true)),
+        ..Default::default()
+    }
+}
+
+/// A route to the cluster the filter chose, with `timeout` (zero: none).
+fn routed(headers: Vec<HeaderMatcher>, timeout: Duration) -> Route {
+    Route {
+        r#match: Some(RouteMatch {
+            path_specifier: Some(PathSpecifier::Prefix("/".into())),
+            headers,
+            ..Default::default()
+        }),
+        action: Some(route::Action::Route(RouteAction {
+            cluster_specifier: Some(ClusterSpecifier::ClusterHeader(
+                UPSTREAM_CLUSTER_HEADER.into(),
+            )),
+            timeout: Some(proto_duration(timeout)),
+            retry_policy: Some(retry_policy()),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// The route table. The filter's routing decision travels in two internal headers (a client's
+/// copies are stripped by the filter): [`UPSTREAM_CLUSTER_HEADER`] names the cluster (the local
+/// apiserver or a set of peers, in the variant that matches how the request authenticates),
+/// [`REQUEST_CLASS_HEADER`]`: unbounded` marks the requests kube-apiserver does not bound by its
+/// `--request-timeout` (the rare long-running ones carry the header, so the common short
+/// request costs one header write less). Neither reaches an apiserver, nor does the client
+/// certificate's subject (the identity travels as X-Remote-User/X-Remote-Group).
+fn route_config(request_timeout: Duration) -> RouteConfiguration {
+    let unbounded = HeaderMatcher {
+        name: REQUEST_CLASS_HEADER.into(),
+        header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+            match_pattern: Some(MatchPattern::Exact("unbounded".into())),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    RouteConfiguration {
+        name: LISTENER_NAME.into(),
+        virtual_hosts: vec![VirtualHost {
+            name: LISTENER_NAME.into(),
+            domains: vec!["*".into()],
+            request_headers_to_remove: vec![
+                UPSTREAM_CLUSTER_HEADER.into(),
+                REQUEST_CLASS_HEADER.into(),
+                "x-forwarded-client-cert".into(),
+            ],
+            routes: vec![
+                // Watches, exec, attach, port-forward, logs and proxy: no route timeout, they
+                // stream for as long as the apiserver keeps them.
+                routed(
+                    vec![header_present(UPSTREAM_CLUSTER_HEADER), unbounded],
+                    Duration::ZERO,
+                ),
+                // Longer than the apiserver's own --request-timeout, so a live apiserver's 504
+                // Timeout Status wins; an apiserver that never answers becomes a 503.
+                routed(
+                    vec![header_present(UPSTREAM_CLUSTER_HEADER)],
+                    request_timeout + REQUEST_TIMEOUT_MARGIN,
+                ),
+                // The filter routes every request it lets through; without its header a
+                // request has not been sanitised (the filter did not run), so it goes nowhere.
+                Route {
+                    r#match: Some(RouteMatch {
+                        path_specifier: Some(PathSpecifier::Prefix("/".into())),
+                        ..Default::default()
+                    }),
+                    action: Some(route::Action::DirectResponse(DirectResponseAction {
+                        status: 503,
+                        body: Some(DataSource {
+                            specifier: Some(data_source::Specifier::InlineString(
+                                NOT_ROUTED_STATUS.into(),
+                            )),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }],
+        // Every cluster comes over CDS (or is a static fallback cluster), after this static
+        // route table is loaded: do not check at load time that the clusters it names exist.
+        // Requests cannot arrive before they do: the listener opens only with the first filter
+        // configuration, which the control plane sends only after every cluster was
+        // acknowledged (or the fallback, which names only static clusters).
+        validate_clusters: bool_value(false),
+        ..Default::default()
+    }
+}
+
+/// The HTTP connection manager of the client listener.
+fn http_connection_manager(
+    request_timeout: Duration,
+    filter_source: ProtoConfigSource,
+    default_filter: Option<envoy_types::pb::google::protobuf::Any>,
+) -> HttpConnectionManager {
+    HttpConnectionManager {
+        stat_prefix: LISTENER_NAME.into(),
+        codec_type: CodecType::Auto as i32,
+        // Every client is external: Envoy then strips client-sent x-envoy-* headers, so no
+        // client can steer retries, timeouts or internal redirects.
+        use_remote_address: bool_value(true),
+        // The filter reads the verified client certificate's subject from
+        // x-forwarded-client-cert, in the request headers it reads anyway (a property call per
+        // request costs more, BENCHMARKS.md, "Per-request cost"). SANITIZE_SET: before any
+        // filter runs, Envoy removes every client copy of that header and, on a connection that
+        // presented a verified certificate, sets it to Hash=...;Subject="<RFC 2253 subject>"
+        // (`skewgate_core::client_cert`). A client can never choose the subject.
+        forward_client_cert_details: ForwardClientCertDetails::SanitizeSet as i32,
+        set_current_client_cert_details: Some(SetCurrentClientCertDetails {
+            subject: bool_value(true),
+            ..Default::default()
+        }),
+        // Watches last up to an hour server-side (kube-apiserver --min-request-timeout, doubled
+        // at random), exec and attach sessions can idle for longer, and kube-apiserver applies
+        // its own request timeouts. A stream idle timeout would cut `kubectl logs -f`, quiet
+        // watches and idle shells, so it is off; dead peers are found by TCP keepalive.
+        stream_idle_timeout: seconds(0),
+        request_timeout: seconds(0),
+        // kube-apiserver accepts 1 MiB of request headers (Go's MaxHeaderBytes); OIDC tokens
+        // and impersonation extras get large. Envoy's 60 KiB default would 431 them.
+        max_request_headers_kb: u32_value(1024),
+        common_http_protocol_options: Some(CoreHttpProtocolOptions {
+            max_headers_count: u32_value(500),
+            // Header names with underscores are dropped: `X_Remote_User` is not
+            // `X-Remote-User` to the filter's hygiene, but servers that fold `_` into `-`
+            // (CGI-style, some extension apiservers) would read it as one.
+            headers_with_underscores_action:
+                envoy_types::pb::envoy::config::core::v3::http_protocol_options::HeadersWithUnderscoresAction::DropHeader
+                    as i32,
+            // Idle client connections (no stream open) are closed after an hour.
+            idle_timeout: seconds(3600),
+            ..Default::default()
+        }),
+        // The path reaches the apiserver exactly as the client sent it, and the filter parses
+        // it exactly as kube-apiserver does: no normalisation that could make the two disagree.
+        normalize_path: bool_value(false),
+        merge_slashes: false,
+        path_with_escaped_slashes_action: PathWithEscapedSlashesAction::KeepUnchanged as i32,
+        // kubectl >= 1.31 uses WebSockets for exec/attach/cp/port-forward; older clients use
+        // SPDY/3.1. Envoy drops any Upgrade not listed here.
+        upgrade_configs: ["websocket", "spdy/3.1"]
+            .into_iter()
+            .map(|upgrade_type| UpgradeConfig {
+                upgrade_type: upgrade_type.into(),
+                ..Default::default()
+            })
+            .collect(),
+        route_specifier: Some(RouteSpecifier::RouteConfig(route_config(request_timeout))),
+        http_filters: vec![
+            // The filter's configuration (the code, the VM and the routing table) comes as the
+            // ECDS resource named exactly like this filter ([`super::resources`]). A
+            // configuration the filter refuses is NACKed (live) or ignored (static): Envoy keeps
+            // what it had.
+            HttpFilter {
+                name: FILTER_NAME.into(),
+                config_type: Some(http_filter::ConfigType::ConfigDiscovery(
+                    ExtensionConfigSource {
+                        config_source: Some(filter_source),
+                        default_config: default_filter,
+                        type_urls: vec![WASM_TYPE_URL.into()],
+                        ..Default::default()
+                    },
+                )),
+                ..Default::default()
+            },
+            HttpFilter {
+                name: "envoy.filters.http.router".into(),
+                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(Router {
+                    // Apiservers gain nothing from x-envoy-expected-rq-timeout-ms and friends.
+                    suppress_envoy_headers: true,
+                    ..Default::default()
+                }))),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    }
+}
+
+/// The peer port (`skewgate-control bootstrap --peer-listen`): other apiservers' Envoys reach
+/// this apiserver itself through it, so that the apiserver authenticates their proxy-client
+/// certificate and the X-Remote-* headers it carries. TLS passes straight through at L4: no
+/// termination, no filter, the apiserver sees the peer's own handshake. Only the other
+/// control-plane nodes (`--peer-cidr`, judged on the connection's own source address) may
+/// connect: a client reaching it could skip the header hygiene and the routing. Like every
+/// listener it opens once the first filter configuration has arrived.
+fn peer_listener(peer: &PeerPassthrough<'_>) -> Result<(Listener, Cluster), EnvoyError> {
+    if peer.allowed_sources.is_empty() {
+        return Err(EnvoyError::Unsafe("a peer port open to every source"));
+    }
+    let principals = peer
+        .allowed_sources
+        .iter()
+        .map(|net| Principal {
+            identifier: Some(principal::Identifier::DirectRemoteIp(CidrRange {
+                address_prefix: net.network().to_string(),
+                prefix_len: u32_value(u32::from(net.prefix_len())),
+            })),
+        })
+        .collect();
+    let rules = RbacRules {
+        action: rbac::Action::Allow as i32,
+        policies: [(
+            "peers".to_string(),
+            Policy {
+                permissions: vec![Permission {
+                    rule: Some(permission::Rule::Any(true)),
+                }],
+                principals,
+                ..Default::default()
+            },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let filters = vec![
+        Filter {
+            name: "envoy.filters.network.rbac".into(),
+            config_type: Some(filter::ConfigType::TypedConfig(pack_any(Rbac {
+                stat_prefix: PEER_LISTENER_NAME.into(),
+                rules: Some(rules),
+                ..Default::default()
+            }))),
+        },
+        Filter {
+            name: "envoy.filters.network.tcp_proxy".into(),
+            config_type: Some(filter::ConfigType::TypedConfig(pack_any(TcpProxy {
+                stat_prefix: PEER_LISTENER_NAME.into(),
+                cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(
+                    PASSTHROUGH_CLUSTER.into(),
+                )),
+                // Proxied watches and exec sessions can be quiet for a long time; TCP keepalive
+                // finds dead ends instead.
+                idle_timeout: seconds(0),
+                ..Default::default()
+            }))),
+        },
+    ];
+    let listener = Listener {
+        name: PEER_LISTENER_NAME.into(),
+        address: Some(envoy_address(peer.listen)),
+        socket_options: vec![keepalive_socket_option()],
+        filter_chains: vec![FilterChain {
+            filters,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let discovery_type = if peer.apiserver.is_ip() {
+        DiscoveryType::Static
+    } else {
+        DiscoveryType::StrictDns
+    };
+    // Where the peer port goes: the apiserver this Envoy fronts (--local-apiserver-url).
+    let cluster = Cluster {
+        name: PASSTHROUGH_CLUSTER.into(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(discovery_type as i32)),
+        connect_timeout: seconds(2),
+        load_assignment: Some(single_endpoint(
+            PASSTHROUGH_CLUSTER,
+            envoy_address(peer.apiserver),
+        )),
+        upstream_connection_options: Some(UpstreamConnectionOptions {
+            tcp_keepalive: Some(TcpKeepalive {
+                keepalive_time: u32_value(60),
+                keepalive_interval: u32_value(10),
+                keepalive_probes: u32_value(3),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Ok((listener, cluster))
+}
+
+fn single_endpoint(cluster: &str, address: EnvoyAddress) -> ClusterLoadAssignment {
+    ClusterLoadAssignment {
+        cluster_name: cluster.into(),
+        endpoints: vec![LocalityLbEndpoints {
+            lb_endpoints: vec![LbEndpoint {
+                host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+                    address: Some(address),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// The control plane beside this Envoy: one gRPC connection carrying ADS, on the Unix socket
+/// `--socket-dir/xds.sock` (mode 0600: no other user can serve or read this Envoy's
+/// configuration there), or loopback TCP with `--insecure-tcp-local-channels`. gRPC needs
+/// HTTP/2; the keepalive finds a control plane that hung without closing the connection, and
+/// Envoy then reconnects and keeps serving with what it holds meanwhile.
+fn control_plane_cluster(xds: &LocalChannel) -> Result<Cluster, EnvoyError> {
+    let options = HttpProtocolOptions {
+        upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+            ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(Http2ProtocolOptions {
+                    connection_keepalive: Some(KeepaliveSettings {
+                        interval: seconds(30),
+                        timeout: seconds(10),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })),
+            },
+        )),
+        ..Default::default()
+    };
+    Ok(Cluster {
+        name: CONTROL_PLANE_CLUSTER.into(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+        connect_timeout: seconds(1),
+        load_assignment: Some(single_endpoint(
+            CONTROL_PLANE_CLUSTER,
+            local_address(xds, false)?,
+        )),
+        typed_extension_protocol_options: [(HTTP_PROTOCOL_OPTIONS.to_string(), pack_any(options))]
+            .into(),
+        ..Default::default()
+    })
+}
+
+/// Delta ADS: only changed resources travel, and a reconnecting Envoy reports the versions it
+/// holds (`initial_resource_versions`), so a control-plane restart resyncs without a push. The
+/// control plane is beside this Envoy: reconnect quickly after it restarts (the default backs
+/// off up to 30 s); Envoy serves with its last configuration meanwhile.
+fn ads_config() -> ApiConfigSource {
+    ApiConfigSource {
+        api_type: ApiType::DeltaGrpc as i32,
+        transport_api_version: ApiVersion::V3 as i32,
+        grpc_services: vec![GrpcService {
+            target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+                grpc_service::EnvoyGrpc {
+                    cluster_name: CONTROL_PLANE_CLUSTER.into(),
+                    retry_policy: Some(CoreRetryPolicy {
+                        retry_back_off: Some(BackoffStrategy {
+                            base_interval: Some(ProtoDuration {
+                                seconds: 0,
+                                nanos: 250_000_000,
+                            }),
+                            max_interval: seconds(5),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }],
+        set_node_on_first_message_only: true,
+        ..Default::default()
+    }
+}
+
+/// The filter's counters carry their labels in the stat name
+/// (`apiserver_rerouted_request_total;code=200;group=apps;...`: proxy-wasm metrics have no
+/// tags, `skewgate_core::metrics`). One regex per label makes each `;label=value` a tag again,
+/// so `/stats/prometheus` shows upstream's names with real labels (Envoy strips the
+/// `wasmcustom.` namespace and adds no `envoy_` prefix there). Only the filter's names contain
+/// `;`; every label value is bounded by the filter configuration.
+fn stats_config() -> StatsConfig {
+    StatsConfig {
+        stats_tags: skewgate_core::metrics::LABELS
+            .iter()
+            .map(|label| TagSpecifier {
+                tag_name: (*label).to_string(),
+                tag_value: Some(tag_specifier::TagValue::Regex(format!(
+                    "(;{label}=([^;]*))"
+                ))),
+            })
+            .collect(),
+        ..Default::default()
+    }
 }
 
 impl Bootstrap<'_> {
-    pub fn render(&self) -> Result<String, EnvoyError> {
+    /// The bootstrap as Envoy's message.
+    pub fn build(&self) -> Result<EnvoyBootstrap, EnvoyError> {
         let node_ok = !self.node_id.is_empty()
             && self.node_id.len() <= 253
             && self
@@ -162,13 +670,12 @@ impl Bootstrap<'_> {
         if !node_ok {
             return Err(EnvoyError::Unsafe("the node id"));
         }
-        let downstream_tls = downstream_tls(self.serving, self.sds_dir)?;
-        let mut template = section(TEMPLATE, "peer_listener", self.peer.is_some());
-        template = section(&template, "fallback", self.fallback.is_some());
-        let waits = match &self.fallback {
-            None => Waits::FOREVER,
+        let is_ads = matches!(self.config_source, ConfigSource::Ads { .. });
+        let mut clusters = Vec::new();
+        let (waits, default_filter) = match &self.fallback {
+            None => (Waits::FOREVER, None),
             Some(fallback) => {
-                if !matches!(self.config_source, ConfigSource::Ads { .. }) {
+                if !is_ads {
                     return Err(EnvoyError::Fallback(
                         "the static mode has no control plane to wait for",
                     ));
@@ -178,114 +685,250 @@ impl Bootstrap<'_> {
                         "the wait must be at least 2ms (0: no fallback)",
                     ));
                 }
-                let clusters: Vec<String> = static_clusters(fallback)?
-                    .iter()
-                    .map(|c| format!("- {c}"))
-                    .collect();
-                template = template
-                    .replace("{{fallback_clusters}}", &clusters.join("\n  "))
-                    .replace(
-                        "{{filter_default_config}}",
-                        &default_filter_config(fallback)?.to_string(),
-                    );
-                Waits::split(fallback.wait)
+                let rendered = fallback::render(fallback)?;
+                clusters.extend(rendered.clusters);
+                (Waits::split(fallback.wait), Some(rendered.filter))
             }
         };
-        template = template
-            .replace("{{clusters_wait}}", &envoy_duration(waits.clusters))
-            .replace("{{filter_wait}}", &envoy_duration(waits.filter));
-        template = section(
-            &template,
-            "ads",
-            matches!(self.config_source, ConfigSource::Ads { .. }),
-        );
+        let filter_source = config_source(
+            self.config_source,
+            crate::xds::files::FILTER_FILE,
+            waits.filter,
+        )?;
+        let transport_socket = self
+            .serving
+            .map(|serving| downstream_tls(serving, self.sds_dir))
+            .transpose()?;
+        let hcm = http_connection_manager(self.request_timeout, filter_source, default_filter);
+        let mut listeners = vec![Listener {
+            name: LISTENER_NAME.into(),
+            address: Some(envoy_address(self.listen)),
+            socket_options: vec![keepalive_socket_option()],
+            filter_chains: vec![FilterChain {
+                // Plaintext (no transport socket) only with --insecure-plaintext-listener.
+                name: if transport_socket.is_some() {
+                    "tls"
+                } else {
+                    "plaintext"
+                }
+                .into(),
+                transport_socket,
+                filters: vec![Filter {
+                    name: "envoy.filters.network.http_connection_manager".into(),
+                    config_type: Some(filter::ConfigType::TypedConfig(pack_any(hcm))),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }];
         if let Some(peer) = &self.peer {
-            let discovery_type = if peer.apiserver.is_ip() {
-                "STATIC"
-            } else {
-                "STRICT_DNS"
-            };
-            if peer.allowed_sources.is_empty() {
-                return Err(EnvoyError::Unsafe("a peer port open to every source"));
-            }
-            let principals: Vec<serde_json::Value> = peer
-                .allowed_sources
-                .iter()
-                .map(|net| {
-                    serde_json::json!({ "direct_remote_ip": {
-                        "address_prefix": net.network().to_string(),
-                        "prefix_len": net.prefix_len(),
-                    }})
-                })
-                .collect();
-            template = template
-                .replace(
-                    "{{peer_principals}}",
-                    &serde_json::Value::from(principals).to_string(),
-                )
-                .replace("{{peer_listen_address}}", &quoted_host(peer.listen))
-                .replace("{{peer_listen_port}}", &peer.listen.port.to_string())
-                .replace("{{apiserver_address}}", &quoted_host(peer.apiserver))
-                .replace("{{apiserver_port}}", &peer.apiserver.port.to_string())
-                .replace("{{apiserver_discovery_type}}", discovery_type);
+            let (listener, cluster) = peer_listener(peer)?;
+            listeners.push(listener);
+            clusters.push(cluster);
         }
+        let mut dynamic = bootstrap::DynamicResources {
+            // The first part of the wait for the control plane (the filter's
+            // initial_fetch_timeout is the second: Envoy waits for the clusters, then for the
+            // filter configuration). 0s ("forever") without a fallback: without a
+            // configuration Envoy would answer every request with a 500 once a finite wait
+            // expired, a broken apiserver that still looks alive.
+            cds_config: Some(config_source(
+                self.config_source,
+                crate::xds::files::CLUSTERS_FILE,
+                waits.clusters,
+            )?),
+            ..Default::default()
+        };
         if let ConfigSource::Ads { xds } = self.config_source {
-            template = template.replace("{{xds_address}}", &local_address(xds, false)?);
+            clusters.push(control_plane_cluster(xds)?);
+            dynamic.ads_config = Some(ads_config());
         }
-        Ok(template
-            .replace("{{downstream_tls}}", &downstream_tls)
-            .replace("{{node_id}}", &format!("\"{}\"", self.node_id))
-            .replace("{{admin_address}}", &local_address(self.admin, true)?)
-            .replace("{{listen_address}}", &quoted_host(self.listen))
-            .replace("{{listen_port}}", &self.listen.port.to_string())
-            .replace(
-                "{{clusters_config_source}}",
-                &config_source(self.config_source, crate::xds::files::CLUSTERS_FILE)?,
-            )
-            .replace(
-                "{{filter_config_source}}",
-                &config_source(self.config_source, crate::xds::files::FILTER_FILE)?,
-            )
-            .replace(
-                "{{short_request_timeout}}",
-                &format!(
-                    "{}s",
-                    (self.request_timeout + REQUEST_TIMEOUT_MARGIN).as_secs()
-                ),
-            ))
+        Ok(EnvoyBootstrap {
+            // Identifies this Envoy to the control plane (logs, and one stream per Envoy);
+            // Envoy also requires a node for file-based xDS.
+            node: Some(Node {
+                id: self.node_id.into(),
+                cluster: "skewgate".into(),
+                ..Default::default()
+            }),
+            // Admin can stop Envoy, drain its listeners, dump its configuration and raise its
+            // logging until bearer tokens are logged: a Unix socket of mode 0600 by default.
+            admin: Some(Admin {
+                address: Some(local_address(self.admin, true)?),
+                ..Default::default()
+            }),
+            stats_config: Some(stats_config()),
+            static_resources: Some(bootstrap::StaticResources {
+                listeners,
+                clusters,
+                ..Default::default()
+            }),
+            dynamic_resources: Some(dynamic),
+            ..Default::default()
+        })
+    }
+
+    /// The bootstrap as Envoy reads it from a file named `*.pb`: built, encoded, decoded again
+    /// and compared, so what is written is exactly what was built.
+    pub fn render(&self) -> Result<Vec<u8>, EnvoyError> {
+        let built = self.build()?;
+        let bytes = built.encode_to_vec();
+        let parsed = EnvoyBootstrap::decode(bytes.as_slice())
+            .map_err(|_| EnvoyError::Unparsable("the rendered bootstrap"))?;
+        if parsed != built {
+            return Err(EnvoyError::Unparsable("the rendered bootstrap"));
+        }
+        Ok(bytes)
     }
 }
 
-/// `Address` only admits hosts of letters, digits, `.`, `-` and `:`: safe in double quotes.
-fn quoted_host(address: &Address) -> String {
-    format!("\"{}\"", address.host)
+/// Reading a built bootstrap back, for tests here and elsewhere in the crate.
+#[cfg(test)]
+pub(crate) mod inspect {
+    use super::*;
+    use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
+    use envoy_types::pb::google::protobuf::StringValue;
+
+    pub(crate) fn decode<M: Message + Default>(any: &envoy_types::pb::google::protobuf::Any) -> M {
+        M::decode(any.value.as_slice()).expect("decodes")
+    }
+
+    pub(crate) fn listener<'b>(b: &'b EnvoyBootstrap, name: &str) -> Option<&'b Listener> {
+        b.static_resources
+            .as_ref()?
+            .listeners
+            .iter()
+            .find(|l| l.name == name)
+    }
+
+    pub(crate) fn cluster_names(b: &EnvoyBootstrap) -> Vec<&str> {
+        b.static_resources
+            .as_ref()
+            .map(|s| s.clusters.iter().map(|c| c.name.as_str()).collect())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn hcm(b: &EnvoyBootstrap) -> HttpConnectionManager {
+        let chain = &listener(b, LISTENER_NAME).expect("listener").filter_chains[0];
+        let Some(filter::ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
+            panic!("typed config");
+        };
+        decode(any)
+    }
+
+    pub(crate) fn filter_discovery(b: &EnvoyBootstrap) -> ExtensionConfigSource {
+        let hcm = hcm(b);
+        assert_eq!(hcm.http_filters.len(), 2);
+        assert_eq!(hcm.http_filters[0].name, FILTER_NAME);
+        assert_eq!(hcm.http_filters[1].name, "envoy.filters.http.router");
+        let Some(http_filter::ConfigType::ConfigDiscovery(source)) =
+            &hcm.http_filters[0].config_type
+        else {
+            panic!("the filter comes over ECDS");
+        };
+        source.clone()
+    }
+
+    pub(crate) fn routes(b: &EnvoyBootstrap) -> Vec<Route> {
+        let Some(RouteSpecifier::RouteConfig(config)) = hcm(b).route_specifier else {
+            panic!("an inline route table");
+        };
+        assert_eq!(config.validate_clusters, bool_value(false));
+        config.virtual_hosts[0].routes.clone()
+    }
+
+    pub(crate) fn address_of(a: &Option<EnvoyAddress>) -> Option<address::Address> {
+        a.as_ref().and_then(|a| a.address.clone())
+    }
+
+    pub(crate) fn socket(host: &str, port: u32) -> Option<address::Address> {
+        Some(address::Address::SocketAddress(SocketAddress {
+            address: host.into(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(port)),
+            ..Default::default()
+        }))
+    }
+
+    /// The filter configuration of the fallback, as Envoy will read it.
+    pub(crate) fn default_filter_config(b: &EnvoyBootstrap) -> String {
+        let any = filter_discovery(b)
+            .default_config
+            .expect("a default_config");
+        assert_eq!(any.type_url, WASM_TYPE_URL);
+        let wasm: Wasm = decode(&any);
+        let configuration = wasm
+            .config
+            .expect("plugin")
+            .configuration
+            .expect("configuration");
+        decode::<StringValue>(&configuration).value
+    }
+
+    /// The route timeouts of the two routed routes (long-running, short).
+    pub(crate) fn route_timeouts(b: &EnvoyBootstrap) -> Vec<Option<ProtoDuration>> {
+        routes(b)
+            .iter()
+            .filter_map(|r| match &r.action {
+                Some(route::Action::Route(action)) => Some(action.timeout),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The CDS and ECDS waits.
+    pub(crate) fn waits(b: &EnvoyBootstrap) -> [Option<ProtoDuration>; 2] {
+        let cds = b
+            .dynamic_resources
+            .as_ref()
+            .and_then(|d| d.cds_config.as_ref())
+            .and_then(|c| c.initial_fetch_timeout);
+        let ecds = filter_discovery(b)
+            .config_source
+            .and_then(|c| c.initial_fetch_timeout);
+        [cds, ecds]
+    }
+
+    /// The listener's downstream TLS context, if any.
+    pub(crate) fn downstream_tls_context(b: &EnvoyBootstrap) -> Option<DownstreamTlsContext> {
+        let chain = &listener(b, LISTENER_NAME)?.filter_chains[0];
+        match &chain.transport_socket.as_ref()?.config_type {
+            Some(transport_socket::ConfigType::TypedConfig(any)) => Some(decode(any)),
+            _ => None,
+        }
+    }
+
+    /// The UpstreamTlsContext of a static cluster, if it has one.
+    pub(crate) fn upstream_tls_context(
+        b: &EnvoyBootstrap,
+        cluster: &str,
+    ) -> Option<envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext>
+    {
+        let c = b
+            .static_resources
+            .as_ref()?
+            .clusters
+            .iter()
+            .find(|c| c.name == cluster)?;
+        match &c.transport_socket.as_ref()?.config_type {
+            Some(transport_socket::ConfigType::TypedConfig(any)) => Some(decode(any)),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::inspect::*;
     use super::*;
+    use crate::envoy::fallback::{AcknowledgedConfig, FALLBACK_PREFIX};
+    use crate::envoy::ServingTls;
     use crate::local_channels::LocalChannels;
+    use skewgate_core::config::{FilterConfig, FALLBACK_LOCAL_CLUSTER};
+    use std::collections::BTreeMap;
 
-    /// Every label the filter writes into a stat name has its tag regex, and nothing else does.
-    #[test]
-    fn tags_every_filter_label() {
-        let tags: Vec<&str> = TEMPLATE
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("- { tag_name: "))
-            .collect();
-        let want: Vec<String> = skewgate_core::metrics::LABELS
-            .iter()
-            .map(|l| format!("{l}, regex: \"(;{l}=([^;]*))\" }}"))
-            .collect();
-        assert_eq!(tags, want);
-    }
-
-    #[test]
-    fn renders_every_placeholder() {
-        let listen = Address::parse_listen("10.0.0.11:6443").expect("listen");
-        let channels = LocalChannels::unix(Path::new("/run/skewgate")).expect("channels");
-        let yaml = Bootstrap {
-            listen: &listen,
+    fn live<'a>(listen: &'a Address, channels: &'a LocalChannels) -> Bootstrap<'a> {
+        Bootstrap {
+            listen,
             admin: channels.admin(),
             config_source: ConfigSource::Ads {
                 xds: channels.xds(),
@@ -297,38 +940,134 @@ mod tests {
             peer: None,
             fallback: None,
         }
-        .render()
-        .expect("renders");
-        assert!(!yaml.replace("{{...}}", "").contains("{{"), "{yaml}");
-        for want in [
-            "id: \"apiserver-a\"",
-            "address: \"10.0.0.11\", port_value: 6443",
-            // Admin and xDS on Unix sockets only the owner may open; Envoy binds admin.
-            r#"address: {"pipe":{"mode":384,"path":"/run/skewgate/envoy-admin.sock"}}"#,
-            r#"endpoint: { address: {"pipe":{"path":"/run/skewgate/xds.sock"}} }"#,
-            "timeout: 70s",
-            "api_type: DELTA_GRPC",
-            "initial_fetch_timeout: 0s",
-            "type_urls: [type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm]",
-            "validate_clusters: false",
-            "- name: plaintext\n      filters:",
-            "cluster_header: x-skewgate-upstream-cluster",
-            "direct_response:",
-            "\"reason\":\"ServiceUnavailable\",\"code\":503}'",
-        ] {
-            assert!(yaml.contains(want), "{want} missing");
-        }
-        assert!(!yaml.contains("port_value: 9901") && !yaml.contains("port_value: 18000"));
-        // Every route goes through the filter's header: none names a cluster itself.
-        assert!(!yaml.contains("cluster: skewgate-local"), "{yaml}");
-        assert!(!yaml.contains("transport_socket"));
-        // No peer port unless asked for; no section marker is ever left.
-        assert!(
-            !yaml.contains("stat_prefix: peer") && !yaml.contains("skewgate-local-passthrough")
+    }
+
+    #[test]
+    fn the_live_bootstrap_carries_every_setting() {
+        let listen = Address::parse_listen("10.0.0.11:6443").expect("listen");
+        let channels = LocalChannels::unix(Path::new("/run/skewgate")).expect("channels");
+        let rendered = live(&listen, &channels).render().expect("renders");
+        let b = EnvoyBootstrap::decode(rendered.as_slice()).expect("decodes");
+        assert_eq!(b.node.as_ref().map(|n| n.id.as_str()), Some("apiserver-a"));
+        // Admin and xDS on Unix sockets only the owner may open; Envoy binds admin.
+        assert_eq!(
+            address_of(&b.admin.as_ref().expect("admin").address),
+            Some(address::Address::Pipe(Pipe {
+                path: "/run/skewgate/envoy-admin.sock".into(),
+                mode: 0o600
+            }))
         );
-        assert!(!yaml.contains("{{#") && !yaml.contains("{{/"));
-        // The filter keeps its name: ECDS resources are looked up by it.
-        assert!(yaml.contains(&format!("- name: {}\n", super::super::FILTER_NAME)));
+        let control = b.static_resources.as_ref().expect("static").clusters
+            [cluster_names(&b).len() - 1]
+            .clone();
+        assert_eq!(control.name, CONTROL_PLANE_CLUSTER);
+        let endpoint = &control.load_assignment.expect("endpoints").endpoints[0].lb_endpoints[0];
+        let Some(HostIdentifier::Endpoint(endpoint)) = &endpoint.host_identifier else {
+            panic!("an endpoint");
+        };
+        assert_eq!(
+            address_of(&endpoint.address),
+            Some(address::Address::Pipe(Pipe {
+                path: "/run/skewgate/xds.sock".into(),
+                mode: 0
+            }))
+        );
+        let apiserver = listener(&b, LISTENER_NAME).expect("listener");
+        assert_eq!(address_of(&apiserver.address), socket("10.0.0.11", 6443));
+        assert_eq!(apiserver.filter_chains.len(), 1);
+        assert_eq!(apiserver.filter_chains[0].name, "plaintext");
+        assert!(apiserver.filter_chains[0].transport_socket.is_none());
+        // No peer port unless asked for; the only clusters: the control plane's.
+        assert!(listener(&b, PEER_LISTENER_NAME).is_none());
+        assert_eq!(cluster_names(&b), [CONTROL_PLANE_CLUSTER]);
+
+        let dynamic = b.dynamic_resources.as_ref().expect("dynamic");
+        let ads = dynamic.ads_config.as_ref().expect("ADS");
+        assert_eq!(ads.api_type, ApiType::DeltaGrpc as i32);
+        let ads_source = |timeout| ProtoConfigSource {
+            resource_api_version: ApiVersion::V3 as i32,
+            config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
+            initial_fetch_timeout: Some(proto_duration(timeout)),
+            ..Default::default()
+        };
+        // No fallback: both waits are "forever" (0s).
+        assert_eq!(dynamic.cds_config, Some(ads_source(Duration::ZERO)));
+        let ecds = filter_discovery(&b);
+        assert_eq!(ecds.config_source, Some(ads_source(Duration::ZERO)));
+        assert_eq!(ecds.type_urls, [WASM_TYPE_URL]);
+        assert!(ecds.default_config.is_none());
+
+        let hcm = hcm(&b);
+        assert_eq!(hcm.use_remote_address, bool_value(true));
+        assert_eq!(
+            hcm.forward_client_cert_details,
+            ForwardClientCertDetails::SanitizeSet as i32
+        );
+        assert_eq!(hcm.normalize_path, bool_value(false));
+        assert!(!hcm.merge_slashes);
+        assert_eq!(hcm.stream_idle_timeout, seconds(0));
+        assert_eq!(hcm.max_request_headers_kb, u32_value(1024));
+        let upgrades: Vec<&str> = hcm
+            .upgrade_configs
+            .iter()
+            .map(|u| u.upgrade_type.as_str())
+            .collect();
+        assert_eq!(upgrades, ["websocket", "spdy/3.1"]);
+
+        // Every route goes through the filter's header, the catch-all answers 503 itself.
+        let routes = routes(&b);
+        assert_eq!(routes.len(), 3);
+        let timeouts: Vec<Option<ProtoDuration>> = routes[..2]
+            .iter()
+            .map(|r| {
+                let Some(route::Action::Route(action)) = &r.action else {
+                    panic!("a route");
+                };
+                assert_eq!(
+                    action.cluster_specifier,
+                    Some(ClusterSpecifier::ClusterHeader(
+                        UPSTREAM_CLUSTER_HEADER.into()
+                    ))
+                );
+                let retry = action.retry_policy.as_ref().expect("retries");
+                assert_eq!(retry.retry_on, "connect-failure,reset-before-request");
+                action.timeout
+            })
+            .collect();
+        assert_eq!(timeouts, [seconds(0), seconds(70)]);
+        let Some(route::Action::DirectResponse(reply)) = &routes[2].action else {
+            panic!("the catch-all answers itself");
+        };
+        assert_eq!(reply.status, 503);
+        let Some(DataSource {
+            specifier: Some(data_source::Specifier::InlineString(body)),
+            ..
+        }) = &reply.body
+        else {
+            panic!("an inline body");
+        };
+        let status: serde_json::Value = serde_json::from_str(body).expect("a Status");
+        assert_eq!(
+            (status["kind"].as_str(), status["code"].as_u64()),
+            (Some("Status"), Some(503))
+        );
+
+        // One tag regex per label the filter writes into a stat name.
+        let tags: Vec<(String, Option<tag_specifier::TagValue>)> = b
+            .stats_config
+            .expect("stats")
+            .stats_tags
+            .into_iter()
+            .map(|t| (t.tag_name, t.tag_value))
+            .collect();
+        assert_eq!(tags.len(), skewgate_core::metrics::LABELS.len());
+        assert_eq!(
+            tags[0],
+            (
+                "code".to_string(),
+                Some(tag_specifier::TagValue::Regex("(;code=([^;]*))".into()))
+            )
+        );
     }
 
     #[test]
@@ -349,22 +1088,26 @@ mod tests {
                 peer: None,
                 fallback: None,
             }
-            .render()
+            .build()
         };
-        let yaml = render("/var/lib/skewgate/").expect("renders");
-        assert!(!yaml.replace("{{...}}", "").contains("{{"), "{yaml}");
-        assert!(
-            yaml.contains(r#"path_config_source: {"path":"/var/lib/skewgate/clusters.pb"}"#),
-            "{yaml}"
-        );
-        assert!(
-            yaml.contains(r#"path_config_source: {"path":"/var/lib/skewgate/filter.pb"}"#),
-            "{yaml}"
-        );
-        // No control plane: no ADS stream, no cluster for it, nothing else differs.
-        assert!(!yaml.contains("ads_config") && !yaml.contains("ads: {}"));
-        assert!(!yaml.contains("name: skewgate-control"));
-        assert!(yaml.contains("initial_fetch_timeout: 0s"));
+        let b = render("/var/lib/skewgate/").expect("renders");
+        let file = |name: &str| ProtoConfigSource {
+            resource_api_version: ApiVersion::V3 as i32,
+            config_source_specifier: Some(ConfigSourceSpecifier::PathConfigSource(
+                PathConfigSource {
+                    path: format!("/var/lib/skewgate/{name}"),
+                    ..Default::default()
+                },
+            )),
+            initial_fetch_timeout: Some(proto_duration(Duration::ZERO)),
+            ..Default::default()
+        };
+        let dynamic = b.dynamic_resources.as_ref().expect("dynamic");
+        assert_eq!(dynamic.cds_config, Some(file("clusters.pb")));
+        assert_eq!(filter_discovery(&b).config_source, Some(file("filter.pb")));
+        // No control plane: no ADS stream, no cluster for it.
+        assert!(dynamic.ads_config.is_none());
+        assert!(cluster_names(&b).is_empty());
         assert!(matches!(render("/a\nb"), Err(EnvoyError::Unsafe(_))));
     }
 
@@ -372,7 +1115,7 @@ mod tests {
     fn refuses_unsafe_node_ids() {
         let a = Address::parse("127.0.0.1:1").expect("address");
         let channel = LocalChannel::Tcp("127.0.0.1:1".parse().expect("address"));
-        for bad in ["", "a b", "a\"b", "a\nb"] {
+        for bad in ["", "a b", "a\"b", "a\nb", "{{node_id}}", &"a".repeat(254)] {
             let r = Bootstrap {
                 listen: &a,
                 admin: &channel,
@@ -385,7 +1128,7 @@ mod tests {
                 fallback: None,
             }
             .render();
-            assert!(r.is_err(), "{bad:?}");
+            assert!(matches!(r, Err(EnvoyError::Unsafe(_))), "{bad:?}");
         }
     }
 
@@ -400,71 +1143,62 @@ mod tests {
         };
         let render = |serving: &ServingTls, sds_dir: Option<&str>| {
             Bootstrap {
-                listen: &listen,
-                admin: channels.admin(),
-                config_source: ConfigSource::Ads {
-                    xds: channels.xds(),
-                },
-                node_id: "apiserver-a",
-                request_timeout: Duration::from_secs(60),
                 serving: Some(serving),
                 sds_dir: sds_dir.map(Path::new),
-                peer: None,
-                fallback: None,
+                ..live(&listen, &channels)
             }
-            .render()
+            .build()
         };
-        let yaml = render(&serving, Some("/var/lib/skewgate/sds")).expect("renders");
-        // --insecure-tcp-local-channels: admin and xDS on loopback TCP.
-        assert!(yaml
-            .contains(r#"address: {"socket_address":{"address":"127.0.0.1","port_value":9901}}"#));
-        assert!(yaml.contains(
-            r#"endpoint: { address: {"socket_address":{"address":"127.0.0.1","port_value":18000}}"#
-        ));
-        assert!(!yaml.contains("pipe"));
-        let line = yaml
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("transport_socket: "))
-            .expect("a transport socket");
-        let socket: serde_json::Value = serde_json::from_str(line).expect("JSON flow");
-        let ctx = &socket["typed_config"];
+        let b = render(&serving, Some("/var/lib/skewgate/sds")).expect("renders");
+        // --insecure-tcp-local-channels: admin on loopback TCP.
         assert_eq!(
-            ctx["@type"],
+            address_of(&b.admin.as_ref().expect("admin").address),
+            socket("127.0.0.1", 9901)
+        );
+        let chain = &listener(&b, LISTENER_NAME).expect("listener").filter_chains[0];
+        assert_eq!(chain.name, "tls");
+        let socket = chain.transport_socket.as_ref().expect("TLS");
+        let Some(transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+            panic!("typed config");
+        };
+        assert_eq!(
+            any.type_url,
             "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
         );
-        assert_eq!(ctx["require_client_certificate"], false);
-        let common = &ctx["common_tls_context"];
-        assert_eq!(
-            common["alpn_protocols"],
-            serde_json::json!(["h2", "http/1.1"])
-        );
+        let context: DownstreamTlsContext = decode(any);
+        assert_eq!(context.require_client_certificate, bool_value(false));
+        let common = context.common_tls_context.expect("common");
+        assert_eq!(common.alpn_protocols, ["h2", "http/1.1"]);
         // The certificate and the client CA come through SDS from files (rotation without a
-        // restart), exactly as the clusters name theirs.
-        let sds = |name: &str| {
-            super::super::secrets::sds_secret_config_json(Path::new("/var/lib/skewgate/sds"), name)
-                .expect("sds")
-        };
+        // restart), exactly as the clusters name theirs; no file is named inline.
+        let sds = |name| sds_secret_config(Path::new("/var/lib/skewgate/sds"), name).expect("sds");
         assert_eq!(
-            common["tls_certificate_sds_secret_configs"],
-            serde_json::json!([sds(SERVING_SECRET)])
+            common.tls_certificate_sds_secret_configs,
+            [sds(SERVING_SECRET)]
         );
         assert_eq!(
-            common["tls_certificate_sds_secret_configs"][0]["sds_config"]["path_config_source"]
-                ["path"],
-            "/var/lib/skewgate/sds/skewgate-serving.pb"
+            common.validation_context_type,
+            Some(ValidationContextType::ValidationContextSdsSecretConfig(
+                sds(CLIENT_CA_SECRET)
+            ))
         );
-        assert_eq!(
-            common["validation_context_sds_secret_config"],
-            sds(CLIENT_CA_SECRET)
-        );
-        // No file is named inline: Envoy would read it once and never again.
-        assert!(!yaml.contains("filename") && !yaml.contains("tls_certificates"));
-        assert!(yaml.contains("- name: tls\n      transport_socket: {"));
+        assert!(common.tls_certificates.is_empty());
 
         // Without a client CA no certificate is requested.
         serving.client_ca_file = None;
-        let yaml = render(&serving, Some("/sds")).expect("renders");
-        assert!(!yaml.contains("validation_context"));
+        let b = render(&serving, Some("/sds")).expect("renders");
+        let chain = &listener(&b, LISTENER_NAME).expect("listener").filter_chains[0];
+        let Some(transport_socket::ConfigType::TypedConfig(any)) =
+            &chain.transport_socket.as_ref().expect("TLS").config_type
+        else {
+            panic!("typed config");
+        };
+        let context: DownstreamTlsContext = decode(any);
+        assert!(context
+            .common_tls_context
+            .expect("common")
+            .validation_context_type
+            .is_none());
 
         assert!(matches!(render(&serving, None), Err(EnvoyError::NoSdsDir)));
         assert!(matches!(
@@ -479,100 +1213,266 @@ mod tests {
         let peer_listen = Address::parse_listen("10.0.0.11:6444").expect("peer");
         let apiserver = Address::parse("127.0.0.1:6443").expect("apiserver");
         let channels = LocalChannels::unix(Path::new("/run/skewgate")).expect("channels");
-        let yaml = Bootstrap {
-            listen: &listen,
-            admin: channels.admin(),
-            config_source: ConfigSource::Ads {
-                xds: channels.xds(),
-            },
-            node_id: "cp-1",
-            request_timeout: Duration::from_secs(60),
-            serving: None,
-            sds_dir: None,
+        let cidrs: [ipnet::IpNet; 1] = ["10.0.0.0/24".parse().expect("cidr")];
+        let with_sources = |allowed_sources| Bootstrap {
             peer: Some(PeerPassthrough {
                 listen: &peer_listen,
                 apiserver: &apiserver,
-                allowed_sources: &["10.0.0.0/24".parse().expect("cidr")],
+                allowed_sources,
             }),
-            fallback: None,
-        }
-        .render()
-        .expect("renders");
-        for want in [
-            "- name: peer\n",
-            "address: \"10.0.0.11\", port_value: 6444",
-            "envoy.filters.network.tcp_proxy",
-            "cluster: skewgate-local-passthrough",
-            "type: STATIC\n",
-            "address: \"127.0.0.1\", port_value: 6443",
-            "envoy.filters.network.rbac",
-            r#"principals: [{"direct_remote_ip":{"address_prefix":"10.0.0.0","prefix_len":24}}]"#,
-        ] {
-            assert!(yaml.contains(want), "{want} missing:\n{yaml}");
-        }
-        assert!(!yaml.replace("{{...}}", "").contains("{{"), "{yaml}");
+            ..live(&listen, &channels)
+        };
+        let b = with_sources(&cidrs).build().expect("renders");
+        let peer = listener(&b, PEER_LISTENER_NAME).expect("the peer port");
+        assert_eq!(address_of(&peer.address), socket("10.0.0.11", 6444));
+        let filters = &peer.filter_chains[0].filters;
+        let names: Vec<&str> = filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "envoy.filters.network.rbac",
+                "envoy.filters.network.tcp_proxy"
+            ]
+        );
+        let Some(filter::ConfigType::TypedConfig(any)) = &filters[0].config_type else {
+            panic!("typed config");
+        };
+        let rbac: Rbac = decode(any);
+        let rules = rbac.rules.expect("rules");
+        assert_eq!(rules.action, rbac::Action::Allow as i32);
+        assert_eq!(
+            rules.policies["peers"].principals,
+            [Principal {
+                identifier: Some(principal::Identifier::DirectRemoteIp(CidrRange {
+                    address_prefix: "10.0.0.0".into(),
+                    prefix_len: u32_value(24),
+                })),
+            }]
+        );
+        let Some(filter::ConfigType::TypedConfig(any)) = &filters[1].config_type else {
+            panic!("typed config");
+        };
+        let proxy: TcpProxy = decode(any);
+        assert_eq!(
+            proxy.cluster_specifier,
+            Some(tcp_proxy::ClusterSpecifier::Cluster(
+                PASSTHROUGH_CLUSTER.into()
+            ))
+        );
+        let passthrough = b
+            .static_resources
+            .as_ref()
+            .expect("static")
+            .clusters
+            .iter()
+            .find(|c| c.name == PASSTHROUGH_CLUSTER)
+            .expect("the passthrough cluster");
+        assert_eq!(
+            passthrough.cluster_discovery_type,
+            Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32))
+        );
+        // A peer port open to everyone would skip the filter: refused.
+        assert!(matches!(
+            with_sources(&[]).build(),
+            Err(EnvoyError::Unsafe(_))
+        ));
     }
 
-    #[test]
-    fn sections() {
-        let t = "a\n  # {{#x}}\n  b\n  # {{/x}}\nc\n";
-        assert_eq!(section(t, "x", true), "a\n  b\nc\n");
-        assert_eq!(section(t, "x", false), "a\nc\n");
-        assert_eq!(section(t, "y", false), t);
+    fn fallback_inputs<'a>(
+        local: &'a Address,
+        acknowledged: Option<&'a AcknowledgedConfig>,
+        wait: Duration,
+    ) -> FallbackInputs<'a> {
+        FallbackInputs {
+            wait,
+            wasm_path: Path::new("/opt/skewgate.wasm"),
+            local,
+            upstream_sds: None,
+            local_apiserver: "cp-1",
+            acknowledged,
+        }
     }
 
     #[test]
     fn the_fallback_is_rendered_only_with_a_control_plane_to_wait_for() {
         let listen = Address::parse_listen("127.0.0.1:0").expect("listen");
-        let admin = LocalChannel::Unix("/run/skewgate/envoy-admin.sock".into());
-        let xds = LocalChannel::Unix("/run/skewgate/xds.sock".into());
+        let channels = LocalChannels::unix(Path::new("/run/skewgate")).expect("channels");
         let local = Address::parse("127.0.0.1:6443").expect("local");
-        let fallback = |wait| FallbackInputs {
-            wait,
-            wasm_path: Path::new("/opt/skewgate.wasm"),
-            local: &local,
-            upstream_sds: None,
-            local_apiserver: "cp-1",
-            acknowledged: None,
-        };
-        let render = |config_source, fallback| {
-            Bootstrap {
-                listen: &listen,
-                admin: &admin,
-                config_source,
-                node_id: "cp-1",
-                request_timeout: Duration::from_secs(60),
-                serving: None,
-                sds_dir: None,
-                peer: None,
-                fallback,
-            }
-            .render()
-        };
-        let ads = ConfigSource::Ads { xds: &xds };
-        let yaml = render(ads, Some(fallback(Duration::from_secs(3)))).expect("renders");
-        assert!(!yaml.replace("{{...}}", "").contains("{{"), "{yaml}");
+        let b = Bootstrap {
+            fallback: Some(fallback_inputs(&local, None, Duration::from_secs(3))),
+            ..live(&listen, &channels)
+        }
+        .build()
+        .expect("renders");
+        let half = Some(proto_duration(Duration::from_millis(1500)));
+        let dynamic = b.dynamic_resources.as_ref().expect("dynamic");
         assert_eq!(
-            yaml.matches("initial_fetch_timeout: 1.500000000s").count(),
-            2
+            dynamic
+                .cds_config
+                .as_ref()
+                .expect("cds")
+                .initial_fetch_timeout,
+            half
+        );
+        let ecds = filter_discovery(&b);
+        assert_eq!(
+            ecds.config_source.expect("source").initial_fetch_timeout,
+            half
         );
         assert_eq!(
-            yaml.matches(r#""name":"skewgate-fallback-local-"#).count(),
-            3,
-            "{yaml}"
+            cluster_names(&b),
+            [
+                "skewgate-fallback-local-identity",
+                "skewgate-fallback-local-token",
+                "skewgate-fallback-local-anonymous",
+                CONTROL_PLANE_CLUSTER,
+            ]
         );
-        assert_eq!(yaml.matches("\n              default_config: {").count(), 1);
+        assert_eq!(
+            FilterConfig::from_json(default_filter_config(&b).as_bytes()).expect("valid"),
+            fallback::local_only_config("cp-1")
+        );
         // No control plane to wait for, or a wait Envoy would read as "forever": refused.
-        let files = ConfigSource::Files {
-            dir: Path::new("/var/lib/skewgate"),
+        let admin = LocalChannel::Unix("/run/skewgate/envoy-admin.sock".into());
+        let files = Bootstrap {
+            listen: &listen,
+            admin: &admin,
+            config_source: ConfigSource::Files {
+                dir: Path::new("/var/lib/skewgate"),
+            },
+            node_id: "cp-1",
+            request_timeout: Duration::from_secs(60),
+            serving: None,
+            sds_dir: None,
+            peer: None,
+            fallback: Some(fallback_inputs(&local, None, Duration::from_secs(3))),
         };
-        assert!(matches!(
-            render(files, Some(fallback(Duration::from_secs(3)))),
-            Err(EnvoyError::Fallback(_))
-        ));
-        assert!(matches!(
-            render(ads, Some(fallback(Duration::from_millis(1)))),
-            Err(EnvoyError::Fallback(_))
-        ));
+        assert!(matches!(files.build(), Err(EnvoyError::Fallback(_))));
+        let short = Bootstrap {
+            fallback: Some(fallback_inputs(&local, None, Duration::from_millis(1))),
+            ..live(&listen, &channels)
+        };
+        assert!(matches!(short.build(), Err(EnvoyError::Fallback(_))));
+    }
+
+    /// Strings an apiserver, a Lease or a file could carry into the kept configuration: template
+    /// syntax, quotes, backslashes, control characters, NUL, YAML/JSON syntax, HTML, non-ASCII,
+    /// and very long ones.
+    pub(crate) fn hostile_strings() -> Vec<String> {
+        vec![
+            "{{node_id}}".into(),
+            "{{#fallback}}{{/fallback}}".into(),
+            "\"".into(),
+            "'".into(),
+            "\\".into(),
+            "\\\"\\n".into(),
+            "\u{0}".into(),
+            "\n- name: evil\n".into(),
+            "\r\n\t\u{7}\u{1b}[31m".into(),
+            "]}}{{".into(),
+            "key: value".into(),
+            "&anchor *alias !!binary |".into(),
+            "{\"@type\":\"x\"}".into(),
+            "</script><script>alert(1)</script>".into(),
+            "Ünïcødé ✓ 日本 \u{202e}".into(),
+            "x".repeat(70_000),
+        ]
+    }
+
+    /// A kept configuration whose merged discovery carries every hostile string in every string
+    /// field a resource has: the bootstrap keeps its structure, and the filter reads exactly
+    /// the configuration that was kept.
+    #[test]
+    fn hostile_strings_in_the_kept_configuration_cannot_change_the_bootstrap() {
+        let hostile = hostile_strings();
+        let resource = serde_json::json!({
+            "resource": "widgets",
+            "responseKind": {"group": hostile[0], "version": "v1", "kind": hostile[7]},
+            "scope": "Namespaced",
+            "singularResource": hostile[1],
+            "verbs": ["get", "list"],
+            "shortNames": hostile,
+            "categories": hostile,
+        });
+        let apis = serde_json::json!({
+            "kind": "APIGroupDiscoveryList",
+            "apiVersion": "apidiscovery.k8s.io/v2",
+            "metadata": {},
+            "items": [{"metadata": {"name": "x.io"}, "versions": [
+                {"version": "v1", "resources": [resource], "freshness": "Current"}]}],
+        });
+        let filter_config = format!(
+            r#"{{"schema":1,"local_apiserver":"cp-1",
+                 "peer_clusters":{{"skewgate-peers-b":["apiserver-b"]}},
+                 "group_versions":[{{"group":"x.io","version":"v1","resources":[
+                   {{"resource":"widgets","peer_cluster":"skewgate-peers-b"}}]}}],
+                 "discovery":{{"apis":{apis},"apis_etag":"e1","api":{api},"api_etag":"e2"}}}}"#,
+            api = serde_json::json!({"kind": "APIGroupDiscoveryList", "items": []}),
+        );
+        let record = AcknowledgedConfig {
+            filter_config: FilterConfig::from_json(filter_config.as_bytes()).expect("valid"),
+            peer_clusters: BTreeMap::from([(
+                "skewgate-peers-b".to_string(),
+                vec!["10.0.0.12:6444".to_string()],
+            )]),
+        };
+        let listen = Address::parse_listen("10.0.0.11:6443").expect("listen");
+        let channels = LocalChannels::unix(Path::new("/run/skewgate")).expect("channels");
+        let local = Address::parse("127.0.0.1:6443").expect("local");
+        let rendered = Bootstrap {
+            fallback: Some(fallback_inputs(
+                &local,
+                Some(&record),
+                Duration::from_secs(30),
+            )),
+            ..live(&listen, &channels)
+        }
+        .render()
+        .expect("renders");
+        let b = EnvoyBootstrap::decode(rendered.as_slice()).expect("decodes");
+        assert_eq!(b.node.as_ref().map(|n| n.id.as_str()), Some("apiserver-a"));
+        let listeners: Vec<&str> = b
+            .static_resources
+            .as_ref()
+            .expect("static")
+            .listeners
+            .iter()
+            .map(|l| l.name.as_str())
+            .collect();
+        assert_eq!(listeners, [LISTENER_NAME]);
+        assert_eq!(
+            cluster_names(&b),
+            [
+                "skewgate-fallback-local-identity",
+                "skewgate-fallback-local-token",
+                "skewgate-fallback-local-anonymous",
+                "skewgate-fallback-skewgate-peers-b-identity",
+                "skewgate-fallback-skewgate-peers-b-token",
+                "skewgate-fallback-skewgate-peers-b-anonymous",
+                CONTROL_PLANE_CLUSTER,
+            ]
+        );
+        // Byte for byte the configuration that was kept, renamed to the static clusters.
+        let config = default_filter_config(&b);
+        assert_eq!(
+            config,
+            fallback::last_acknowledged_config(&record).to_json()
+        );
+        let back = FilterConfig::from_json(config.as_bytes()).expect("the filter accepts it");
+        assert!(back
+            .peer_clusters
+            .contains_key(&format!("{FALLBACK_PREFIX}skewgate-peers-b")));
+        for s in &hostile {
+            let escaped = serde_json::to_string(s).expect("json");
+            assert!(
+                config.contains(escaped.trim_matches('"')),
+                "{:?} kept",
+                &s[..s.len().min(20)]
+            );
+        }
+        assert_eq!(
+            back.fallback.map(|f| f.local_cluster),
+            Some(FALLBACK_LOCAL_CLUSTER.to_string())
+        );
     }
 }

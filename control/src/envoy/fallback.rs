@@ -28,7 +28,10 @@ use skewgate_core::config::{
     Fallback, FallbackMode, FilterConfig, FALLBACK_LOCAL_CLUSTER, SCHEMA_VERSION,
 };
 
-use super::resources::{cluster_json, filter_wasm_json, variants, wasm_path};
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::google::protobuf::Any;
+
+use super::resources::{cluster, filter_extension_config, variants, wasm_path};
 use super::{Address, EnvoyError};
 
 /// What the fallback needs: the filter's code and the local apiserver, as the control plane
@@ -83,8 +86,7 @@ pub fn write_acknowledged(dir: &Path, config: &AcknowledgedConfig) -> std::io::R
 }
 
 /// The last acknowledged configuration kept in `dir`: `Ok(None)` when there is none, an error
-/// when it is there but unusable (too large, not JSON, a filter configuration the filter
-/// would refuse, an address that is not `host:port`).
+/// when it is there but unusable (too large, not JSON, or failing [`check_record`]).
 pub fn read_acknowledged(dir: &Path) -> Result<Option<AcknowledgedConfig>, String> {
     let path = dir.join(ACKNOWLEDGED_FILE);
     let file = match std::fs::File::open(&path) {
@@ -106,14 +108,7 @@ pub fn read_acknowledged(dir: &Path) -> Result<Option<AcknowledgedConfig>, Strin
     }
     let record: AcknowledgedConfig =
         serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    // The same checks the filter makes, and every address usable.
-    FilterConfig::from_json(record.filter_config.to_json().as_bytes())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    for (name, addresses) in &record.peer_clusters {
-        for a in addresses {
-            Address::parse(a).map_err(|e| format!("{}: cluster {name}: {e}", path.display()))?;
-        }
-    }
+    check_record(&record).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(Some(record))
 }
 
@@ -173,15 +168,6 @@ impl Waits {
 /// The shortest `--control-plane-wait` besides 0 (no fallback): both halves stay non-zero.
 pub const MIN_WAIT: Duration = Duration::from_millis(2);
 
-/// A protobuf JSON duration (`1.5s`), as Envoy reads it.
-pub fn envoy_duration(d: Duration) -> String {
-    if d.subsec_nanos() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}.{:09}s", d.as_secs(), d.subsec_nanos())
-    }
-}
-
 /// The local-only filter configuration: no routing table (every request goes local, as the
 /// apiserver alone would answer it), no merged discovery (the local apiserver's own: merged
 /// documents could not be known fresh), and the static clusters as the local ones. The header
@@ -202,22 +188,61 @@ pub fn local_only_config(local_apiserver: &str) -> FilterConfig {
     }
 }
 
-/// The ECDS `default_config`: the Wasm filter with [`last_acknowledged_config`], or
-/// [`local_only_config`] without one.
-pub fn default_filter_config(inputs: &FallbackInputs<'_>) -> Result<serde_json::Value, EnvoyError> {
-    let config = match inputs.acknowledged {
-        Some(acknowledged) => last_acknowledged_config(acknowledged),
-        None => local_only_config(inputs.local_apiserver),
-    };
-    Ok(filter_wasm_json(
-        wasm_path(inputs.wasm_path)?,
-        &config.to_json(),
-    ))
+/// The fallback as the bootstrap holds it: the static clusters it routes to and the filter's
+/// ECDS `default_config`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderedFallback {
+    /// The local apiserver's clusters, and with a record, every acknowledged peer cluster, in
+    /// the three variants: the same messages as the live clusters ([`cluster`]), renamed.
+    pub clusters: Vec<Cluster>,
+    /// The Wasm filter with [`last_acknowledged_config`], or [`local_only_config`] without a
+    /// record: the `typed_config` of the live ECDS resource ([`filter_extension_config`]).
+    pub filter: Any,
 }
 
-/// The static clusters of the local apiserver, and of every acknowledged peer cluster, in the
-/// three variants.
-pub fn static_clusters(inputs: &FallbackInputs<'_>) -> Result<Vec<serde_json::Value>, EnvoyError> {
+/// Why a kept record cannot be rendered (the bootstrap then renders local-only).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("the filter would refuse its configuration: {0}")]
+    FilterConfig(String),
+    #[error("its filter configuration names peer cluster {0:?}, which has no addresses")]
+    NoAddresses(String),
+    #[error("cluster {cluster:?}: {error}")]
+    Address { cluster: String, error: String },
+}
+
+/// Check a kept record as the fallback will use it: the filter accepts the renamed
+/// configuration (the same check as on an ECDS push), and every peer cluster it routes to has
+/// usable addresses.
+pub fn check_record(record: &AcknowledgedConfig) -> Result<(), RecordError> {
+    FilterConfig::from_json(last_acknowledged_config(record).to_json().as_bytes())
+        .map_err(|e| RecordError::FilterConfig(e.to_string()))?;
+    for (name, addresses) in &record.peer_clusters {
+        for a in addresses {
+            Address::parse(a).map_err(|e| RecordError::Address {
+                cluster: name.clone(),
+                error: e.to_string(),
+            })?;
+        }
+    }
+    for name in record.filter_config.peer_clusters.keys() {
+        if record.peer_clusters.get(name).is_none_or(Vec::is_empty) {
+            return Err(RecordError::NoAddresses(name.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// The fallback for `inputs`: a record that fails [`check_record`] is an error (the caller
+/// renders local-only instead, and says why).
+pub fn render(inputs: &FallbackInputs<'_>) -> Result<RenderedFallback, EnvoyError> {
+    let config = match inputs.acknowledged {
+        Some(record) => {
+            check_record(record).map_err(|e| EnvoyError::Record(e.to_string()))?;
+            last_acknowledged_config(record)
+        }
+        None => local_only_config(inputs.local_apiserver),
+    };
     let mut bases = vec![(
         FALLBACK_LOCAL_CLUSTER.to_string(),
         vec![inputs.local.clone()],
@@ -227,6 +252,11 @@ pub fn static_clusters(inputs: &FallbackInputs<'_>) -> Result<Vec<serde_json::Va
         .map(|a| &a.peer_clusters)
         .into_iter()
         .flatten()
+        .filter(|(name, _)| {
+            config
+                .peer_clusters
+                .contains_key(&format!("{FALLBACK_PREFIX}{name}"))
+        })
     {
         let addresses = addresses
             .iter()
@@ -234,14 +264,21 @@ pub fn static_clusters(inputs: &FallbackInputs<'_>) -> Result<Vec<serde_json::Va
             .collect::<Result<Vec<_>, _>>()?;
         bases.push((format!("{FALLBACK_PREFIX}{name}"), addresses));
     }
-    variants(&bases, |name, addresses, auth| {
-        cluster_json(name, addresses, auth, inputs.upstream_sds)
-    })
+    let clusters = variants(&bases, |name, addresses, auth| {
+        cluster(name, addresses, auth, inputs.upstream_sds)
+    })?;
+    let filter = filter_extension_config(wasm_path(inputs.wasm_path)?, &config.to_json())
+        .typed_config
+        .ok_or(EnvoyError::Fallback(
+            "the filter entry has no configuration",
+        ))?;
+    Ok(RenderedFallback { clusters, filter })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skewgate_core::config::UpstreamAuth;
 
     #[test]
     fn the_waits_add_up_to_the_bound_and_are_never_forever() {
@@ -255,9 +292,6 @@ mod tests {
             assert_eq!(w.clusters + w.filter, total);
             assert!(!w.clusters.is_zero() && !w.filter.is_zero(), "{total:?}");
         }
-        assert_eq!(envoy_duration(Duration::from_secs(15)), "15s");
-        assert_eq!(envoy_duration(Duration::from_millis(1250)), "1.250000000s");
-        assert_eq!(envoy_duration(Duration::ZERO), "0s");
     }
 
     #[test]
@@ -282,8 +316,8 @@ mod tests {
             local_apiserver: "cp-1",
             acknowledged: None,
         };
-        let clusters = static_clusters(&inputs).expect("clusters");
-        let names: Vec<&str> = clusters.iter().filter_map(|c| c["name"].as_str()).collect();
+        let rendered = render(&inputs).expect("renders");
+        let names: Vec<&str> = rendered.clusters.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(
             names,
             [
@@ -292,39 +326,21 @@ mod tests {
                 "skewgate-fallback-local-anonymous"
             ]
         );
-        for c in &clusters {
-            let socket = &c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-                ["address"]["socket_address"];
-            assert_eq!(
-                (socket["address"].as_str(), socket["port_value"].as_u64()),
-                (Some("127.0.0.1"), Some(6443))
-            );
-            let tls = &c["transport_socket"]["typed_config"];
-            assert_eq!(tls["sni"], "kubernetes.default.svc");
-            assert_eq!(
-                tls["common_tls_context"]["combined_validation_context"]
-                    ["validation_context_sds_secret_config"]["sds_config"]["path_config_source"]
-                    ["path"],
-                "/var/lib/skewgate/sds/skewgate-peer-ca.pb"
-            );
-            // Only -identity presents the proxy-client certificate.
-            let presents = tls["common_tls_context"]
-                .get("tls_certificate_sds_secret_configs")
-                .is_some();
-            assert_eq!(presents, c["name"] == "skewgate-fallback-local-identity");
+        // The live clusters of the local apiserver, renamed: one renderer.
+        for (fallback, auth) in rendered.clusters.iter().zip(UpstreamAuth::ALL) {
+            let live = cluster(
+                &auth.cluster(FALLBACK_LOCAL_CLUSTER),
+                std::slice::from_ref(&local),
+                auth,
+                inputs.upstream_sds,
+            )
+            .expect("cluster");
+            assert_eq!(*fallback, live);
+            assert!(fallback.transport_socket.is_some(), "TLS to the apiserver");
         }
-        let filter = default_filter_config(&inputs).expect("filter");
-        let json = filter["config"]["configuration"]["value"]
-            .as_str()
-            .expect("json");
-        assert_eq!(
-            FilterConfig::from_json(json.as_bytes()).expect("valid"),
-            local_only_config("cp-1")
-        );
-        assert_eq!(
-            filter["config"]["vm_config"]["code"]["local"]["filename"],
-            "/opt/skewgate.wasm"
-        );
+        let live =
+            filter_extension_config("/opt/skewgate.wasm", &local_only_config("cp-1").to_json());
+        assert_eq!(Some(rendered.filter), live.typed_config);
     }
 
     #[test]
@@ -388,18 +404,20 @@ mod tests {
             local_apiserver: "cp-1",
             acknowledged: Some(&back),
         };
-        let clusters = static_clusters(&inputs).expect("clusters");
-        let names: Vec<&str> = clusters.iter().filter_map(|c| c["name"].as_str()).collect();
+        let rendered = render(&inputs).expect("renders");
+        let names: Vec<&str> = rendered.clusters.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names.len(), 6);
         assert!(names.contains(&"skewgate-fallback-skewgate-peers-b-token"));
-        let peer = clusters
+        let peer = rendered
+            .clusters
             .iter()
-            .find(|c| c["name"] == "skewgate-fallback-skewgate-peers-b-identity")
+            .find(|c| c.name == "skewgate-fallback-skewgate-peers-b-identity")
             .expect("peer cluster");
-        let endpoints = &peer["load_assignment"]["endpoints"][0]["lb_endpoints"];
+        let addresses =
+            ["10.0.0.12:6444", "[fd00::12]:6444"].map(|a| Address::parse(a).expect("a"));
         assert_eq!(
-            endpoints[1]["endpoint"]["address"]["socket_address"]["address"],
-            "fd00::12"
+            *peer,
+            cluster(&peer.name, &addresses, UpstreamAuth::ProxyIdentity, None).expect("cluster")
         );
 
         // A record that cannot be used is an error (bootstrap then renders local-only).
@@ -407,6 +425,8 @@ mod tests {
             "not json",
             r#"{"filter_config":{"schema":99,"local_apiserver":"x"},"peer_clusters":{}}"#,
             r#"{"filter_config":{"schema":1,"local_apiserver":"x"},"peer_clusters":{"c":["nowhere"]}}"#,
+            // A peer cluster the configuration routes to without an address.
+            r#"{"filter_config":{"schema":1,"local_apiserver":"x","peer_clusters":{"p":["b"]}},"peer_clusters":{}}"#,
         ] {
             std::fs::write(dir.path().join(ACKNOWLEDGED_FILE), bad).expect("write");
             assert!(read_acknowledged(dir.path()).is_err(), "{bad}");

@@ -1,4 +1,4 @@
-//! Envoy as skewgate configures it: the one bootstrap template ([`bootstrap`]) and the
+//! Envoy as skewgate configures it: the one bootstrap ([`bootstrap`]) and the
 //! resources every mode shares ([`resources`]: the upstream clusters with their TLS, and the
 //! filter's ECDS entry). The live mode serves those resources over delta ADS
 //! ([`crate::xds`]); the static mode (`skewgate-control render-static`) writes the same
@@ -45,6 +45,10 @@ pub enum EnvoyError {
     Fallback(&'static str),
     #[error("the SDS directory {0:?} is not absolute")]
     RelativeSdsDir(String),
+    #[error("the last acknowledged configuration cannot be used: {0}")]
+    Record(String),
+    #[error("{0} does not read back as it was built")]
+    Unparsable(&'static str),
 }
 
 /// A file path Envoy will read, checked to be representable in its configuration.

@@ -3,9 +3,10 @@
 //! Every cluster the filter configuration names (`skewgate-local` and each peer set) exists
 //! three times, once per [`UpstreamAuth`] variant (`<base>-identity`, `<base>-token`,
 //! `<base>-anonymous`), so the three kinds of traffic never share an upstream connection; the
-//! filter configuration is the ECDS resource named like the HTTP filter in
-//! `envoy/bootstrap.yaml`. This is the only place these settings are written: the live mode
-//! serves them over ADS, the static mode writes them to files (`crate::xds::files`).
+//! filter configuration is the ECDS resource named like the HTTP filter of the bootstrap
+//! ([`super::bootstrap`]). This is the only place these settings are written: the live mode
+//! serves them over ADS, the static mode writes them to files (`crate::xds::files`), and the
+//! bootstrap's fallback holds static copies of the same messages ([`super::fallback`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -47,16 +48,17 @@ use envoy_types::util::pack_any;
 
 use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
 
-use super::secrets::{
-    sds_secret_config, sds_secret_config_json, PEER_CA_SECRET, PROXY_CLIENT_SECRET,
-};
+use super::secrets::{sds_secret_config, PEER_CA_SECRET, PROXY_CLIENT_SECRET};
 use super::{Address, EnvoyError, APISERVER_TLS_NAME, FILTER_NAME};
 use crate::routing::RoutingPlan;
 
 /// The Wasm VM's id and runtime.
 pub const VM_ID: &str = "skewgate";
 pub const WASM_RUNTIME: &str = "envoy.wasm.runtime.v8";
-const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+/// The key of a cluster's upstream HTTP protocol options.
+pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+/// The type of the filter's ECDS resource: the Wasm HTTP filter.
+pub const WASM_TYPE_URL: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
 
 /// Where the clusters of a routing plan point.
@@ -96,8 +98,7 @@ pub fn peer_cluster_addresses(
         .collect()
 }
 
-/// Every cluster variant ([`UpstreamAuth::ALL`]) of each base, rendered by `render` (the
-/// protobuf [`cluster`] for CDS, [`cluster_json`] for the bootstrap's static fallback).
+/// Every cluster variant ([`UpstreamAuth::ALL`]) of each base, rendered by `render`.
 pub fn variants<T>(
     bases: &[(String, Vec<Address>)],
     mut render: impl FnMut(&str, &[Address], UpstreamAuth) -> Result<T, EnvoyError>,
@@ -131,6 +132,25 @@ fn u32v(value: u32) -> Option<UInt32Value> {
 
 fn seconds(seconds: i64) -> Option<Duration> {
     Some(Duration { seconds, nanos: 0 })
+}
+
+/// A protobuf duration.
+pub fn proto_duration(d: std::time::Duration) -> Duration {
+    Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// An apiserver's address as an Envoy socket address.
+pub fn envoy_address(a: &Address) -> EnvoyAddress {
+    EnvoyAddress {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: a.host.clone(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(a.port))),
+            ..Default::default()
+        })),
+    }
 }
 
 /// The upstream TLS of one cluster variant: the
@@ -206,15 +226,7 @@ pub fn cluster(
         .iter()
         .map(|a| LbEndpoint {
             host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
-                address: Some(EnvoyAddress {
-                    address: Some(address::Address::SocketAddress(SocketAddress {
-                        address: a.host.clone(),
-                        port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
-                            a.port,
-                        ))),
-                        ..Default::default()
-                    })),
-                }),
+                address: Some(envoy_address(a)),
                 ..Default::default()
             })),
             ..Default::default()
@@ -317,96 +329,6 @@ pub fn cluster(
     })
 }
 
-/// [`cluster`] as the JSON Envoy reads in a bootstrap's `static_resources` (the fallback
-/// clusters, which must exist without CDS: [`super::fallback`]). Protobuf has no JSON mapping
-/// in this crate's Envoy types, so this mirrors [`cluster`] setting by setting, from the same
-/// values; keep the two in step. Envoy's own config dump compares them
-/// (`tests/tests/control_plane.rs`, `envoy_serves_local_only_without_its_control_plane_...`).
-pub fn cluster_json(
-    name: &str,
-    addresses: &[Address],
-    auth: UpstreamAuth,
-    upstream_sds: Option<&Path>,
-) -> Result<serde_json::Value, EnvoyError> {
-    use serde_json::json;
-    let discovery_type = if addresses.iter().all(|a| a.host.parse::<IpAddr>().is_ok()) {
-        "STATIC"
-    } else {
-        "STRICT_DNS"
-    };
-    let lb_endpoints: Vec<serde_json::Value> = addresses
-        .iter()
-        .map(|a| {
-            json!({ "endpoint": { "address": { "socket_address": {
-            "address": a.host, "port_value": a.port } } } })
-        })
-        .collect();
-    let protocol = if auth == UpstreamAuth::Anonymous {
-        json!({ "explicit_http_config": { "http_protocol_options": {} } })
-    } else {
-        json!({ "use_downstream_protocol_config": {
-            "http_protocol_options": {},
-            "http2_protocol_options": { "connection_keepalive": { "interval": "10s", "timeout": "5s" } },
-        } })
-    };
-    let mut protocol_options =
-        json!({ "@type": format!("type.googleapis.com/{HTTP_PROTOCOL_OPTIONS}") });
-    if let (Some(target), Some(source)) = (protocol_options.as_object_mut(), protocol.as_object()) {
-        target.extend(source.clone());
-    }
-    let mut cluster = json!({
-        "name": name,
-        "type": discovery_type,
-        "connect_timeout": "2s",
-        "lb_policy": "ROUND_ROBIN",
-        "load_assignment": { "cluster_name": name, "endpoints": [{ "lb_endpoints": lb_endpoints }] },
-        "circuit_breakers": { "thresholds": [{
-            "priority": "DEFAULT",
-            "max_connections": 100_000, "max_pending_requests": 100_000,
-            "max_requests": 100_000, "max_retries": 1000,
-        }] },
-        "upstream_connection_options": { "tcp_keepalive": {
-            "keepalive_time": 60, "keepalive_interval": 10, "keepalive_probes": 3 } },
-        "typed_extension_protocol_options": { HTTP_PROTOCOL_OPTIONS: protocol_options },
-        "outlier_detection": {
-            "split_external_local_origin_errors": true,
-            "consecutive_local_origin_failure": 2,
-            "enforcing_consecutive_local_origin_failure": 0,
-            "enforcing_failure_percentage_local_origin": 0,
-            "enforcing_failure_percentage": 0,
-            "enforcing_consecutive_5xx": 0,
-            "enforcing_consecutive_gateway_failure": 0,
-            "enforcing_success_rate": 0,
-            "enforcing_local_origin_success_rate": 0,
-            "interval": "5s",
-            "base_ejection_time": "10s",
-            "max_ejection_percent": 100,
-        },
-    });
-    if let Some(dir) = upstream_sds {
-        let mut common = json!({
-            "combined_validation_context": {
-                "default_validation_context": { "match_typed_subject_alt_names": [{
-                    "san_type": "DNS", "matcher": { "exact": APISERVER_TLS_NAME } }] },
-                "validation_context_sds_secret_config": sds_secret_config_json(dir, PEER_CA_SECRET)?,
-            },
-        });
-        if auth == UpstreamAuth::ProxyIdentity {
-            common["tls_certificate_sds_secret_configs"] =
-                json!([sds_secret_config_json(dir, PROXY_CLIENT_SECRET)?]);
-        }
-        cluster["transport_socket"] = json!({
-            "name": TLS_TRANSPORT_SOCKET,
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "sni": APISERVER_TLS_NAME,
-                "common_tls_context": common,
-            },
-        });
-    }
-    Ok(cluster)
-}
-
 /// The filter configuration as the ECDS resource named like the HTTP filter: the Wasm filter,
 /// with `configuration` a `google.protobuf.StringValue` holding
 /// `configuration_json` (the filter parses and validates it in `on_configure`; a refusal is a
@@ -439,28 +361,6 @@ pub fn filter_extension_config(wasm_path: &str, configuration_json: &str) -> Typ
         name: FILTER_NAME.to_string(),
         typed_config: Some(pack_any(wasm)),
     }
-}
-
-/// [`filter_extension_config`]'s `typed_config` as the JSON Envoy reads in a bootstrap (the
-/// ECDS `default_config` of [`super::fallback`]); the same values, checked against the protobuf
-/// by the test `the_filter_json_mirrors_the_ecds_resource`.
-pub fn filter_wasm_json(wasm_path: &str, configuration_json: &str) -> serde_json::Value {
-    serde_json::json!({
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-        "config": {
-            "name": FILTER_NAME,
-            "failure_policy": "FAIL_RELOAD",
-            "vm_config": {
-                "vm_id": VM_ID,
-                "runtime": WASM_RUNTIME,
-                "code": { "local": { "filename": wasm_path } },
-            },
-            "configuration": {
-                "@type": "type.googleapis.com/google.protobuf.StringValue",
-                "value": configuration_json,
-            },
-        },
-    })
 }
 
 pub(crate) fn wasm_path(path: &Path) -> Result<&str, EnvoyError> {
@@ -734,55 +634,5 @@ mod tests {
             Snapshot::from_plan(&p, &inputs),
             Err(EnvoyError::Unsafe(_))
         ));
-    }
-
-    #[test]
-    fn the_filter_json_mirrors_the_ecds_resource() {
-        let ext = filter_extension_config("/opt/skewgate.wasm", r#"{"schema":1}"#);
-        let any = ext.typed_config.expect("typed config");
-        let json = filter_wasm_json("/opt/skewgate.wasm", r#"{"schema":1}"#);
-        assert_eq!(
-            json["@type"],
-            format!(
-                "type.googleapis.com/{}",
-                any.type_url.trim_start_matches("type.googleapis.com/")
-            )
-        );
-        let plugin = Wasm::decode(any.value.as_slice())
-            .expect("wasm")
-            .config
-            .expect("plugin");
-        let config = &json["config"];
-        assert_eq!(config["name"], plugin.name);
-        assert_eq!(
-            config["failure_policy"],
-            FailurePolicy::try_from(plugin.failure_policy)
-                .expect("policy")
-                .as_str_name()
-        );
-        let Some(Vm::VmConfig(vm)) = plugin.vm else {
-            panic!("vm config");
-        };
-        assert_eq!(config["vm_config"]["vm_id"], vm.vm_id);
-        assert_eq!(config["vm_config"]["runtime"], vm.runtime);
-        let Some(async_data_source::Specifier::Local(DataSource {
-            specifier: Some(data_source::Specifier::Filename(file)),
-            ..
-        })) = vm.code.and_then(|c| c.specifier)
-        else {
-            panic!("a local file");
-        };
-        assert_eq!(config["vm_config"]["code"]["local"]["filename"], file);
-        let configuration = plugin.configuration.expect("configuration");
-        assert_eq!(config["configuration"]["@type"], configuration.type_url);
-        assert_eq!(
-            config["configuration"]["value"],
-            StringValue::decode(configuration.value.as_slice())
-                .expect("string")
-                .value
-        );
-        // Nothing else is set in either.
-        assert_eq!(config.as_object().map(|o| o.len()), Some(4));
-        assert_eq!(json.as_object().map(|o| o.len()), Some(2));
     }
 }

@@ -18,8 +18,8 @@
 //! `Secret`, which holds only file names: no key material is ever copied), written by
 //! [`crate::xds::files::write_secrets`]: by `render-static` beside the bootstrap, and in the live
 //! mode by `bootstrap --sds-dir` (the listener's) and `run --sds-dir` (the clusters'). The TLS
-//! contexts name the secrets with [`sds_secret_config`]: the same protobuf for the clusters, and,
-//! through [`sds_secret_config_json`], for the bootstrap's YAML.
+//! contexts name the secrets with [`sds_secret_config`]: the same protobuf for the clusters and
+//! for the bootstrap's listener.
 
 use std::path::Path;
 
@@ -73,26 +73,6 @@ pub fn sds_secret_config(dir: &Path, name: &str) -> Result<SdsSecretConfig, Envo
             ..Default::default()
         }),
     })
-}
-
-/// [`sds_secret_config`] as the JSON the bootstrap's YAML embeds: a conversion of the protobuf
-/// (the fields it sets), so the listener and the clusters name secrets identically.
-pub fn sds_secret_config_json(dir: &Path, name: &str) -> Result<serde_json::Value, EnvoyError> {
-    let config = sds_secret_config(dir, name)?;
-    let Some(ConfigSource {
-        config_source_specifier: Some(ConfigSourceSpecifier::PathConfigSource(source)),
-        ..
-    }) = &config.sds_config
-    else {
-        unreachable!("sds_secret_config always reads a file");
-    };
-    Ok(serde_json::json!({
-        "name": config.name,
-        "sds_config": {
-            "path_config_source": { "path": source.path },
-            "resource_api_version": "V3",
-        },
-    }))
 }
 
 fn file(path: &Path, what: &'static str) -> Result<DataSource, EnvoyError> {
@@ -290,16 +270,6 @@ mod tests {
             let want = format!("/var/lib/skewgate/sds/{name}.pb");
             assert_eq!(path.path, want);
             assert!(path.watched_directory.is_none() && path.poll_interval.is_none());
-            assert_eq!(
-                sds_secret_config_json(dir, name).expect("json"),
-                serde_json::json!({
-                    "name": name,
-                    "sds_config": {
-                        "path_config_source": { "path": want },
-                        "resource_api_version": "V3",
-                    },
-                })
-            );
         }
         assert!(matches!(
             sds_secret_config(Path::new("relative/dir"), SERVING_SECRET),

@@ -1,6 +1,7 @@
 //! The `run` and `bootstrap` subcommands: flags (kube-apiserver's names where the meaning is
 //! the same), logging, signals, and wiring the parts together.
 
+use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -329,8 +330,8 @@ fn fallback_flags(args: &BootstrapArgs) -> Result<Option<(FallbackFlags, Scheme)
     )))
 }
 
-/// Render the bootstrap for these flags.
-pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
+/// Render the bootstrap for these flags (binary protobuf, [`Bootstrap::render`]).
+pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
     let listener = &args.listener;
     let channels = args.channels.resolve()?;
     let serving = listener.serving_tls()?;
@@ -358,12 +359,17 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
         (None, _) => None,
     };
     // What the control plane last saw acknowledged, if it kept it: a record that cannot be
-    // used leaves the fallback local-only, and says so (Envoy must start regardless).
+    // read or rendered ([`read_acknowledged`] checks it as the fallback will use it) leaves the
+    // fallback local-only, and says so on stderr (the Envoy pod's log): Envoy must start
+    // regardless.
     let acknowledged = match (&fallback, &args.state_dir) {
         (Some(_), Some(dir)) => match read_acknowledged(dir) {
             Ok(record) => record,
             Err(e) => {
-                tracing::warn!("the last acknowledged configuration is not used, the fallback is local-only: {e}");
+                eprintln!(
+                    "skewgate-control: warning: the last acknowledged configuration is not used, \
+                     the fallback is local-only: {e}"
+                );
                 None
             }
         },
@@ -434,7 +440,7 @@ pub fn bootstrap_secrets(
 /// socket in, write the SDS files (the listener's, and the fallback clusters'), print the
 /// bootstrap.
 pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
-    let yaml = render_bootstrap(&args)?;
+    let bootstrap = render_bootstrap(&args)?;
     args.channels.resolve()?.prepare().context("--socket-dir")?;
     if args.channels.insecure_tcp_local_channels {
         eprintln!("skewgate-control: warning: --insecure-tcp-local-channels: Envoy's admin interface and xDS on loopback TCP, which any process on this node can reach");
@@ -446,15 +452,39 @@ pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
     if args.listener.insecure_plaintext_listener {
         eprintln!("skewgate-control: warning: --insecure-plaintext-listener: Envoy serves clients in PLAINTEXT (tests on loopback only)");
     }
-    print!("{yaml}");
+    let mut stdout = std::io::stdout().lock();
+    if stdout.is_terminal() {
+        bail!("the bootstrap is binary protobuf: redirect it to a file whose name ends in .pb (envoy -c FILE.pb)");
+    }
+    stdout
+        .write_all(&bootstrap)
+        .context("writing the bootstrap")?;
+    stdout.flush().context("writing the bootstrap")?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envoy::bootstrap::inspect::*;
+    use crate::envoy::bootstrap::{
+        CONTROL_PLANE_CLUSTER, LISTENER_NAME, PASSTHROUGH_CLUSTER, PEER_LISTENER_NAME,
+    };
     use clap::Parser;
-    use skewgate_core::config::{UpstreamAuth, FALLBACK_LOCAL_CLUSTER};
+    use envoy_types::pb::envoy::config::bootstrap::v3::Bootstrap as EnvoyBootstrap;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::ValidationContextType;
+    use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+    use prost::Message;
+    use skewgate_core::config::{FallbackMode, FilterConfig, UpstreamAuth, FALLBACK_LOCAL_CLUSTER};
+
+    fn decoded(args: &BootstrapArgs) -> EnvoyBootstrap {
+        let bytes = render_bootstrap(args).expect("renders");
+        EnvoyBootstrap::decode(bytes.as_slice()).expect("decodes")
+    }
+
+    fn secs(seconds: i64) -> ProtoDuration {
+        ProtoDuration { seconds, nanos: 0 }
+    }
 
     #[derive(Parser)]
     struct Cli {
@@ -534,10 +564,15 @@ mod tests {
         ]) else {
             panic!("parses");
         };
-        let yaml = render_bootstrap(&args).expect("renders");
-        assert!(yaml.contains("timeout: 70s"));
-        assert!(yaml.contains("- name: plaintext"));
-        assert!(yaml.contains(r#"{"pipe":{"path":"/run/skewgate/xds.sock"}}"#));
+        let b = decoded(&args);
+        assert_eq!(
+            route_timeouts(&b),
+            [Some(secs(0)), Some(secs(70))],
+            "the short-request timeout is --request-timeout + 10s"
+        );
+        let chain = &listener(&b, LISTENER_NAME).expect("listener").filter_chains[0];
+        assert_eq!(chain.name, "plaintext");
+        assert!(cluster_names(&b).contains(&CONTROL_PLANE_CLUSTER));
         let tls = [
             "bootstrap",
             "--control-plane-wait=0",
@@ -554,10 +589,27 @@ mod tests {
         else {
             panic!("parses");
         };
-        let yaml = render_bootstrap(&args).expect("renders");
-        assert!(yaml.contains("DownstreamTlsContext"));
-        assert!(yaml.contains("/var/lib/skewgate/sds/skewgate-serving.pb"));
-        assert!(yaml.contains("/var/lib/skewgate/sds/skewgate-client-ca.pb"));
+        let common = downstream_tls_context(&decoded(&args))
+            .expect("TLS")
+            .common_tls_context
+            .expect("common");
+        let sds = |name| {
+            crate::envoy::secrets::sds_secret_config(
+                std::path::Path::new("/var/lib/skewgate/sds"),
+                name,
+            )
+            .expect("sds")
+        };
+        assert_eq!(
+            common.tls_certificate_sds_secret_configs,
+            [sds("skewgate-serving")]
+        );
+        assert_eq!(
+            common.validation_context_type,
+            Some(ValidationContextType::ValidationContextSdsSecretConfig(
+                sds("skewgate-client-ca")
+            ))
+        );
         // The files themselves are in the secrets written beside.
         let (dir, secrets) = bootstrap_secrets(&args).expect("secrets").expect("TLS");
         assert_eq!(dir, std::path::Path::new("/var/lib/skewgate/sds"));
@@ -587,8 +639,10 @@ mod tests {
         ]) else {
             panic!("parses");
         };
-        let yaml = render_bootstrap(&args).expect("renders");
-        assert!(yaml.contains("port_value: 6444") && yaml.contains("skewgate-local-passthrough"));
+        let b = decoded(&args);
+        let peer = listener(&b, PEER_LISTENER_NAME).expect("the peer port");
+        assert_eq!(address_of(&peer.address), socket("10.0.0.11", 6444));
+        assert!(cluster_names(&b).contains(&PASSTHROUGH_CLUSTER));
         let Ok(Command::Bootstrap(args)) = parse(&[
             "bootstrap",
             "--control-plane-wait=0",
@@ -630,23 +684,32 @@ mod tests {
             panic!("parses");
         };
         assert_eq!(args.control_plane_wait, Duration::from_secs(30));
-        let yaml = render_bootstrap(&args).expect("renders");
+        let b = decoded(&args);
         // The one bound, split between CDS and ECDS (they expire one after the other).
+        assert_eq!(waits(&b), [Some(secs(15)), Some(secs(15))]);
+        let config = FilterConfig::from_json(default_filter_config(&b).as_bytes()).expect("valid");
         assert_eq!(
-            yaml.matches("initial_fetch_timeout: 15s").count(),
-            2,
-            "{yaml}"
-        );
-        assert!(yaml.contains("default_config: {"));
-        assert!(
-            yaml.contains(r#"\"fallback\":{\"mode\":\"local-only\""#),
-            "{yaml}"
+            config.fallback.map(|f| f.mode),
+            Some(FallbackMode::LocalOnly)
         );
         for auth in UpstreamAuth::ALL {
             let name = auth.cluster(FALLBACK_LOCAL_CLUSTER);
-            assert!(yaml.contains(&format!(r#""name":"{name}""#)), "{name}");
+            assert!(cluster_names(&b).contains(&name.as_str()), "{name}");
+            let tls = upstream_tls_context(&b, &name).expect("TLS to the apiserver");
+            let Some(ValidationContextType::CombinedValidationContext(combined)) = tls
+                .common_tls_context
+                .expect("common")
+                .validation_context_type
+            else {
+                panic!("a combined validation context");
+            };
+            assert_eq!(
+                combined
+                    .validation_context_sds_secret_config
+                    .map(|c| c.name),
+                Some("skewgate-peer-ca".to_string())
+            );
         }
-        assert!(yaml.contains("/var/lib/skewgate/sds/skewgate-peer-ca.pb"));
         // It writes the upstream SDS files itself: Envoy may start before `run` ever did.
         let (_, secrets) = bootstrap_secrets(&args).expect("secrets").expect("TLS");
         let names: Vec<&str> = secrets.iter().map(|s| s.name.as_str()).collect();
@@ -664,9 +727,11 @@ mod tests {
         let Ok(Command::Bootstrap(args)) = parse(&plain) else {
             panic!("parses");
         };
-        let yaml = render_bootstrap(&args).expect("renders");
-        assert_eq!(yaml.matches("initial_fetch_timeout: 1s").count(), 2);
-        assert!(!yaml.contains("UpstreamTlsContext"));
+        let b = decoded(&args);
+        assert_eq!(waits(&b), [Some(secs(1)), Some(secs(1))]);
+        let local = UpstreamAuth::Token.cluster(FALLBACK_LOCAL_CLUSTER);
+        assert!(cluster_names(&b).contains(&local.as_str()));
+        assert!(upstream_tls_context(&b, &local).is_none());
         assert!(bootstrap_secrets(&args).expect("secrets").is_none());
 
         // Missing pieces are refused, not silently left without a fallback.
@@ -688,10 +753,11 @@ mod tests {
         else {
             panic!("parses");
         };
-        let yaml = render_bootstrap(&args).expect("renders");
-        assert_eq!(yaml.matches("initial_fetch_timeout: 0s").count(), 2);
-        assert!(
-            !yaml.contains("default_config: {") && !yaml.contains(r#""name":"skewgate-fallback"#)
-        );
+        let b = decoded(&args);
+        assert_eq!(waits(&b), [Some(secs(0)), Some(secs(0))]);
+        assert!(filter_discovery(&b).default_config.is_none());
+        assert!(!cluster_names(&b)
+            .iter()
+            .any(|c| c.starts_with("skewgate-fallback")));
     }
 }

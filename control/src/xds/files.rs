@@ -1,5 +1,5 @@
 //! The static mode's delivery: a [`Snapshot`] written as files Envoy reads itself
-//! (filesystem xDS subscriptions, `path_config_source` in `envoy/bootstrap.yaml`).
+//! (filesystem xDS subscriptions, `path_config_source` in the bootstrap, `crate::envoy::bootstrap`).
 //!
 //! Each file holds one binary `DiscoveryResponse` (Envoy picks the format by the `.pb`
 //! extension) with exactly the resources the live mode serves over ADS, so the static and the

@@ -8,7 +8,7 @@
 //!
 //! A proxy-wasm metric is a name only, so the labels are written into it:
 //! `apiserver_rerouted_request_total;code=200;group=apps;version=v1;resource=deployments`.
-//! Envoy's `stats_config.stats_tags` (envoy/bootstrap.yaml, one regex per label, [`LABELS`])
+//! Envoy's `stats_config.stats_tags` (the bootstrap, `skewgate_control::envoy::bootstrap`: one regex per label, [`LABELS`])
 //! turns every `;label=value` back into a tag, and its `/stats/prometheus` then shows
 //! `apiserver_rerouted_request_total{code="200",group="apps",...}` (the `wasmcustom.` namespace
 //! is stripped and no `envoy_` prefix is added).

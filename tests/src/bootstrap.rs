@@ -1,0 +1,130 @@
+//! The binary protobuf bootstrap `skewgate-control` renders, read and edited as data: what a
+//! test checks in it, and the edits the tests and the benchmark make (never as text).
+
+use std::path::Path;
+
+use anyhow::{anyhow, Context, Result};
+use envoy_types::pb::envoy::config::bootstrap::v3::Bootstrap;
+use envoy_types::pb::envoy::config::core::v3::{
+    address, config_source::ConfigSourceSpecifier, ConfigSource, SocketAddress,
+};
+use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfigType;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_filter, HttpConnectionManager,
+};
+use envoy_types::util::pack_any;
+use prost::Message;
+
+/// Decode a rendered bootstrap.
+pub fn decode(bytes: &[u8]) -> Result<Bootstrap> {
+    Bootstrap::decode(bytes).context("the bootstrap is not an Envoy Bootstrap message")
+}
+
+/// `host:port` of every listener, by name.
+pub fn listener_addresses(b: &Bootstrap) -> Vec<(String, String)> {
+    b.static_resources
+        .iter()
+        .flat_map(|s| &s.listeners)
+        .map(|l| {
+            let address = match l.address.as_ref().and_then(|a| a.address.as_ref()) {
+                Some(address::Address::SocketAddress(SocketAddress {
+                    address,
+                    port_specifier: Some(port),
+                    ..
+                })) => {
+                    let envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier::PortValue(port) = port
+                    else {
+                        return (l.name.clone(), address.clone());
+                    };
+                    format!("{address}:{port}")
+                }
+                Some(address::Address::Pipe(pipe)) => pipe.path.clone(),
+                _ => String::new(),
+            };
+            (l.name.clone(), address)
+        })
+        .collect()
+}
+
+/// The names of the static clusters.
+pub fn cluster_names(b: &Bootstrap) -> Vec<String> {
+    b.static_resources
+        .iter()
+        .flat_map(|s| &s.clusters)
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+fn hcm(b: &Bootstrap) -> Result<HttpConnectionManager> {
+    let chain = b
+        .static_resources
+        .iter()
+        .flat_map(|s| &s.listeners)
+        .flat_map(|l| &l.filter_chains)
+        .next()
+        .ok_or_else(|| anyhow!("no filter chain"))?;
+    let Some(FilterConfigType::TypedConfig(any)) =
+        chain.filters.first().and_then(|f| f.config_type.as_ref())
+    else {
+        return Err(anyhow!("no HTTP connection manager"));
+    };
+    Ok(HttpConnectionManager::decode(any.value.as_slice())?)
+}
+
+fn set_hcm(b: &mut Bootstrap, hcm: &HttpConnectionManager) -> Result<()> {
+    let filter = b
+        .static_resources
+        .iter_mut()
+        .flat_map(|s| &mut s.listeners)
+        .flat_map(|l| &mut l.filter_chains)
+        .next()
+        .and_then(|c| c.filters.first_mut())
+        .ok_or_else(|| anyhow!("no filter chain"))?;
+    filter.config_type = Some(FilterConfigType::TypedConfig(pack_any(hcm.clone())));
+    Ok(())
+}
+
+/// The bootstrap without the HTTP filter `name` (the benchmark's skewgate bootstrap without
+/// its filter).
+pub fn without_http_filter(bytes: &[u8], name: &str) -> Result<Vec<u8>> {
+    let mut b = decode(bytes)?;
+    let mut hcm = hcm(&b)?;
+    let before = hcm.http_filters.len();
+    hcm.http_filters.retain(|f| f.name != name);
+    if hcm.http_filters.len() == before {
+        return Err(anyhow!("the bootstrap has no HTTP filter {name:?}"));
+    }
+    set_hcm(&mut b, &hcm)?;
+    Ok(b.encode_to_vec())
+}
+
+fn relocate_source(source: Option<&mut ConfigSource>, from: &Path, to: &Path) {
+    if let Some(ConfigSourceSpecifier::PathConfigSource(file)) =
+        source.and_then(|s| s.config_source_specifier.as_mut())
+    {
+        if let Ok(rest) = Path::new(&file.path).strip_prefix(from) {
+            file.path = to.join(rest).display().to_string();
+        }
+    }
+}
+
+/// A static-mode bootstrap that reads its clusters and filter configuration from `to` instead
+/// of `from` (a copy of the directory with edited files).
+pub fn relocate_static(bytes: &[u8], from: &Path, to: &Path) -> Result<Vec<u8>> {
+    let mut b = decode(bytes)?;
+    relocate_source(
+        b.dynamic_resources
+            .as_mut()
+            .and_then(|d| d.cds_config.as_mut()),
+        from,
+        to,
+    );
+    let mut hcm = hcm(&b)?;
+    for filter in &mut hcm.http_filters {
+        if let Some(http_filter::ConfigType::ConfigDiscovery(discovery)) = &mut filter.config_type {
+            relocate_source(discovery.config_source.as_mut(), from, to);
+        }
+    }
+    set_hcm(&mut b, &hcm)?;
+    Ok(b.encode_to_vec())
+}
