@@ -18,6 +18,11 @@ use crate::local_channels::{
     LocalChannels, DEFAULT_ADMIN_PORT, DEFAULT_SOCKET_DIR, DEFAULT_XDS_ADDRESS,
 };
 
+/// `--state-dir`'s default, for `run` (which keeps its state there) and `bootstrap` (which
+/// renders Envoy's fallback from it): the same directory, so that the safe setting (retention
+/// and the last acknowledged configuration surviving a restart) needs no flag.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/skewgate";
+
 /// A flag whose value, or whose combination with other flags, cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FlagError {

@@ -38,8 +38,12 @@ pub enum LocalChannelError {
     Relative(PathBuf),
     #[error("the socket path {0:?} is longer than a Unix socket address holds ({MAX_SOCKET_PATH} bytes): choose a shorter --socket-dir")]
     TooLong(PathBuf),
-    #[error("the socket directory {path:?} {why}: another user could replace the sockets and steer Envoy")]
-    UnsafeDirectory { path: PathBuf, why: String },
+    #[error("the {kind} {path:?} {why}: {}", kind.risk())]
+    UnsafeDirectory {
+        kind: PrivateDir,
+        path: PathBuf,
+        why: String,
+    },
     #[error("{0:?} is not a socket: remove it, or choose another --socket-dir")]
     NotASocket(PathBuf),
     #[error("{0:?} is in use: a live process accepts connections on it (another skewgate-control with the same --socket-dir?)")]
@@ -55,6 +59,36 @@ pub enum LocalChannelError {
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> LocalChannelError {
     let path = path.to_path_buf();
     move |source| LocalChannelError::Io { what, path, source }
+}
+
+/// A directory only this user (and root) may write to, and what it holds: whoever can write
+/// to it steers Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrivateDir {
+    /// `--socket-dir`: the admin and xDS sockets.
+    Sockets,
+    /// `--sds-dir`: the SDS files, which name the certificate Envoy serves, the CA client
+    /// certificates are verified against (so, every identity Envoy vouches for), and the CA
+    /// and client certificate of its upstream connections.
+    SdsFiles,
+}
+
+impl PrivateDir {
+    fn risk(self) -> &'static str {
+        match self {
+            PrivateDir::Sockets => "another user could replace the sockets and steer Envoy",
+            PrivateDir::SdsFiles => "another user could replace the SDS files and choose the client CA (every identity Envoy vouches for) and the certificates Envoy serves and trusts",
+        }
+    }
+}
+
+impl fmt::Display for PrivateDir {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PrivateDir::Sockets => "socket directory (--socket-dir)",
+            PrivateDir::SdsFiles => "SDS directory (--sds-dir)",
+        })
+    }
 }
 
 /// Where one channel is.
@@ -140,10 +174,10 @@ impl LocalChannels {
     }
 
     /// Create the socket directory if missing, or check the one the operator made
-    /// ([`prepare_dir`]); nothing on TCP.
+    /// ([`prepare_private_dir`]); nothing on TCP.
     pub fn prepare(&self) -> Result<(), LocalChannelError> {
         match &self.socket_dir {
-            Some(dir) => prepare_dir(dir),
+            Some(dir) => prepare_private_dir(dir, PrivateDir::Sockets),
             None => Ok(()),
         }
     }
@@ -152,19 +186,24 @@ impl LocalChannels {
 /// A missing directory is created with mode 0700 (so nobody else can even reach a socket in
 /// the instant between its bind and its chmod). An existing one is kept as the operator made
 /// it, but refused when a user other than this one (or root) owns it or when group or others
-/// may write to it: they could replace a socket with their own.
-pub fn prepare_dir(dir: &Path) -> Result<(), LocalChannelError> {
+/// may write to it: they could replace a socket, or an SDS file, with their own.
+pub fn prepare_private_dir(dir: &Path, kind: PrivateDir) -> Result<(), LocalChannelError> {
+    let what = match kind {
+        PrivateDir::Sockets => "the socket directory",
+        PrivateDir::SdsFiles => "the SDS directory",
+    };
     match std::fs::metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(io("creating the socket directory", dir))?,
-        Err(e) => return Err(io("the socket directory", dir)(e)),
+            .map_err(io(what, dir))?,
+        Err(e) => return Err(io(what, dir)(e)),
         Ok(_) => {}
     }
-    let meta = std::fs::metadata(dir).map_err(io("the socket directory", dir))?;
+    let meta = std::fs::metadata(dir).map_err(io(what, dir))?;
     let unsafe_dir = |why: String| LocalChannelError::UnsafeDirectory {
+        kind,
         path: dir.to_path_buf(),
         why,
     };
@@ -276,20 +315,20 @@ mod tests {
     fn the_socket_directory_is_private() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("a/sockets");
-        prepare_dir(&dir).expect("created");
+        prepare_private_dir(&dir, PrivateDir::Sockets).expect("created");
         assert_eq!(mode(&dir), 0o700);
         // The operator's own directory is kept as it is, if nobody else can write to it.
         let shared = tmp.path().join("shared");
         std::fs::create_dir(&shared).expect("mkdir");
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        prepare_dir(&shared).expect("accepted");
+        prepare_private_dir(&shared, PrivateDir::Sockets).expect("accepted");
         assert_eq!(mode(&shared), 0o755);
         for refused in [0o775, 0o757, 0o1777] {
             std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(refused))
                 .expect("chmod");
             assert!(
                 matches!(
-                    prepare_dir(&shared),
+                    prepare_private_dir(&shared, PrivateDir::Sockets),
                     Err(LocalChannelError::UnsafeDirectory { .. })
                 ),
                 "{refused:o}"
@@ -297,7 +336,7 @@ mod tests {
         }
         let file = tmp.path().join("file");
         std::fs::write(&file, "").expect("file");
-        assert!(prepare_dir(&file).is_err());
+        assert!(prepare_private_dir(&file, PrivateDir::Sockets).is_err());
     }
 
     #[tokio::test]

@@ -92,6 +92,9 @@ struct Control {
     health: Address,
     /// `--socket-dir`: the xDS socket and Envoy's admin socket (the default local channels).
     socket_dir: PathBuf,
+    /// `--state-dir`, always given: its default is the host's /var/lib/skewgate. Envoy's
+    /// bootstrap ([`live_envoy_with`]) reads the same one unless told otherwise.
+    state_dir: PathBuf,
     log_path: PathBuf,
     child: Option<Child>,
     /// Another `skewgate-control` binary than this tree's (benchmark variants).
@@ -142,6 +145,10 @@ impl Control {
             .iter()
             .find_map(|a| a.strip_prefix("--socket-dir="))
             .map_or_else(|| dir.join("sockets"), PathBuf::from);
+        let state_dir = extra
+            .iter()
+            .find_map(|a| a.strip_prefix("--state-dir="))
+            .map_or_else(|| dir.join("state"), PathBuf::from);
         let mut args: Vec<OsString> = vec!["run".into()];
         args.push(format!("--local-apiserver-url={}", local.url()).into());
         args.push(format!("--local-lease={}", local.lease_name()).into());
@@ -150,6 +157,9 @@ impl Control {
         }
         if !extra.iter().any(|a| a.starts_with("--socket-dir")) {
             args.push(format!("--socket-dir={}", socket_dir.display()).into());
+        }
+        if !extra.iter().any(|a| a.starts_with("--state-dir")) {
+            args.push(format!("--state-dir={}", state_dir.display()).into());
         }
         args.push(format!("--health-listen=127.0.0.1:{health}").into());
         args.push(format!("--wasm={}", wasm_path()?.display()).into());
@@ -164,6 +174,7 @@ impl Control {
             args,
             health: Address::parse(&format!("127.0.0.1:{health}"))?,
             socket_dir,
+            state_dir,
             log_path: dir.join("skewgate-control.log"),
             child: None,
             bin: None,
@@ -343,6 +354,9 @@ async fn render_live_bootstrap(
         listener_args.push(format!("--peer-listen=127.0.0.1:{peer_port}"));
         listener_args.push("--peer-cidr=127.0.0.0/8".to_string());
         listener_args.push(format!("--local-apiserver-url={}", local.url()));
+    }
+    if !extra.iter().any(|a| a.starts_with("--state-dir")) {
+        listener_args.push(format!("--state-dir={}", control.state_dir.display()));
     }
     let out = Command::new(control_bin()?)
         .arg("bootstrap")
@@ -1835,9 +1849,7 @@ async fn hostile_strings_in_a_peers_discovery_cannot_keep_envoy_from_starting() 
     )
     .await?;
     let mut control = Control::secure(&a, dir.path(), &pki)?;
-    control
-        .args
-        .push(format!("--state-dir={}", state.display()).into());
+    assert_eq!(control.state_dir, state, "Control's own --state-dir");
     let bootstrap = fallback_flags(&state, &a, &pki)?;
     let bob = TEST_TOKENS[0];
     let plain = pki.client(None)?;
@@ -1954,9 +1966,7 @@ async fn envoy_restarted_without_its_control_plane_serves_the_last_acknowledged_
     let _b =
         SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd).with_pki(&pki)).await?;
     let mut control = Control::secure(&a, dir.path(), &pki)?;
-    control
-        .args
-        .push(format!("--state-dir={}", state.display()).into());
+    assert_eq!(control.state_dir, state, "Control's own --state-dir");
     let bootstrap = fallback_flags(&state, &a, &pki)?;
     let bob = TEST_TOKENS[0];
     let plain = pki.client(None)?;

@@ -17,10 +17,10 @@ use crate::envoy::UpstreamTls;
 use crate::fetch::{ClientTemplate, DiscoveryMetrics};
 use crate::flags::{
     absolute, parse_control_plane_wait, parse_local_url, sds_dir, ListenerFlags, LocalChannelFlags,
-    Scheme, UpstreamTlsFlags,
+    Scheme, UpstreamTlsFlags, DEFAULT_STATE_DIR,
 };
 use crate::health::{self, Health};
-use crate::local_channels::{self, LocalChannel};
+use crate::local_channels::{self, LocalChannel, PrivateDir};
 use crate::peers::{self, PeerMetrics, PeerWatcher};
 use crate::shared_storage::{SharedStorageMetrics, SharedStorageWatcher};
 use crate::xds::{self, XdsMetrics};
@@ -101,6 +101,15 @@ fn readable(path: &std::path::Path, what: &str) -> Result<()> {
         .with_context(|| format!("{what} {}", path.display()))
 }
 
+/// Write the SDS files into `--sds-dir`, created 0700 if missing and refused, like
+/// `--socket-dir`, when another user owns it or may write to it: whoever replaces an SDS file
+/// chooses the client CA Envoy verifies identities against.
+fn write_sds_files(dir: &std::path::Path, secrets: &[Secret]) -> Result<()> {
+    local_channels::prepare_private_dir(dir, PrivateDir::SdsFiles)?;
+    xds::files::write_secrets(dir, secrets)
+        .with_context(|| format!("writing the SDS files in --sds-dir {}", dir.display()))
+}
+
 /// The xDS server's listener: its Unix socket (the socket directory created or checked first),
 /// or loopback TCP.
 async fn bind_xds(channels: &local_channels::LocalChannels) -> Result<xds::Listener> {
@@ -138,8 +147,7 @@ async fn run_async(config: RunConfig) -> Result<()> {
         // The clusters name the certificates through these SDS files: they exist before the
         // first cluster is served. Envoy follows the certificate files from there.
         let dir = config.sds_dir.as_deref().context("TLS needs --sds-dir")?;
-        xds::files::write_secrets(dir, &upstream_secrets(tls)?)
-            .with_context(|| format!("writing the SDS files in --sds-dir {}", dir.display()))?;
+        write_sds_files(dir, &upstream_secrets(tls)?)?;
     }
     let xds_listener = bind_xds(&config.local_channels).await?;
     let health_listener = tokio::net::TcpListener::bind(config.health_listen)
@@ -296,8 +304,8 @@ pub struct BootstrapArgs {
     pub sds_dir: Option<std::path::PathBuf>,
     /// `run --state-dir`: where the control plane keeps the last configuration Envoy
     /// acknowledged; the fallback serves it instead of local-only routing when it is there.
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<std::path::PathBuf>,
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: std::path::PathBuf,
 }
 
 /// The fallback's inputs from the flags: `None` with `--control-plane-wait=0`.
@@ -362,8 +370,8 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
     // read or rendered ([`read_acknowledged`] checks it as the fallback will use it) leaves the
     // fallback local-only, and says so on stderr (the Envoy pod's log): Envoy must start
     // regardless.
-    let acknowledged = match (&fallback, &args.state_dir) {
-        (Some(_), Some(dir)) => match read_acknowledged(dir) {
+    let acknowledged = match &fallback {
+        Some(_) => match read_acknowledged(&args.state_dir) {
             Ok(record) => record,
             Err(e) => {
                 eprintln!(
@@ -446,8 +454,7 @@ pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
         eprintln!("skewgate-control: warning: --insecure-tcp-local-channels: Envoy's admin interface and xDS on loopback TCP, which any process on this node can reach");
     }
     if let Some((dir, secrets)) = bootstrap_secrets(&args)? {
-        xds::files::write_secrets(&dir, &secrets)
-            .with_context(|| format!("writing the SDS files in --sds-dir {}", dir.display()))?;
+        write_sds_files(&dir, &secrets)?;
     }
     if args.listener.insecure_plaintext_listener {
         eprintln!("skewgate-control: warning: --insecure-plaintext-listener: Envoy serves clients in PLAINTEXT (tests on loopback only)");
@@ -665,6 +672,83 @@ mod tests {
             "--tls-private-key-file=/b",
         ])
         .is_err());
+    }
+
+    /// Whoever can replace an SDS file chooses the client CA, so every identity Envoy vouches
+    /// for: `--sds-dir` is checked like `--socket-dir` before anything is written into it.
+    #[test]
+    fn the_sds_directory_is_private() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let Ok(Command::Bootstrap(args)) = parse(&[
+            "bootstrap",
+            "--control-plane-wait=0",
+            "--tls-cert-file=/pki/apiserver.crt",
+            "--tls-private-key-file=/pki/apiserver.key",
+            "--client-ca-file=/pki/ca.crt",
+            "--sds-dir=/unused",
+        ]) else {
+            panic!("parses");
+        };
+        let (_, secrets) = bootstrap_secrets(&args).expect("secrets").expect("TLS");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mode = |p: &std::path::Path| std::fs::metadata(p).expect("metadata").mode() & 0o7777;
+
+        // Missing: created 0700, and written.
+        let created = tmp.path().join("run/sds");
+        write_sds_files(&created, &secrets).expect("written");
+        assert_eq!(mode(&created), 0o700);
+        assert!(created.join("skewgate-client-ca.pb").exists());
+
+        // Writable by group or others: refused, nothing written.
+        for refused in [0o770, 0o757, 0o1777] {
+            let dir = tmp.path().join(format!("open-{refused:o}"));
+            std::fs::create_dir(&dir).expect("mkdir");
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(refused))
+                .expect("chmod");
+            let err = write_sds_files(&dir, &secrets).expect_err("refused");
+            let text = format!("{err:#}");
+            assert!(
+                text.contains("--sds-dir") && text.contains("client CA"),
+                "{text}"
+            );
+            assert_eq!(
+                std::fs::read_dir(&dir).expect("read").count(),
+                0,
+                "{refused:o}"
+            );
+        }
+
+        // Another user's: refused (only root can make one here).
+        let theirs = tmp.path().join("theirs");
+        std::fs::create_dir(&theirs).expect("mkdir");
+        if std::os::unix::fs::chown(&theirs, Some(4242), Some(4242)).is_ok() {
+            let err = write_sds_files(&theirs, &secrets).expect_err("refused");
+            assert!(
+                format!("{err:#}").contains("belongs to uid 4242"),
+                "{err:#}"
+            );
+            assert_eq!(std::fs::read_dir(&theirs).expect("read").count(), 0);
+        }
+    }
+
+    #[test]
+    fn bootstrap_reads_the_state_dir_run_keeps_by_default() {
+        let Ok(Command::Bootstrap(bootstrap)) =
+            parse(&["bootstrap", "--insecure-plaintext-listener"])
+        else {
+            panic!("parses");
+        };
+        let Ok(Command::Run(run)) = parse(&[
+            "run",
+            "--local-apiserver-url=http://127.0.0.1:8080",
+            "--node-name=cp-1",
+            "--insecure-plaintext-upstreams",
+            "--wasm=/x.wasm",
+        ]) else {
+            panic!("parses");
+        };
+        assert_eq!(bootstrap.state_dir, std::path::Path::new(DEFAULT_STATE_DIR));
+        assert_eq!(run.state_dir, bootstrap.state_dir);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::envoy::UpstreamTls;
 use crate::flags::{
     absolute, parse_duration, parse_local_url, parse_socket_address, sds_dir, FlagError,
-    LocalApiserver, LocalChannelFlags, PeerCidrs, Scheme, UpstreamTlsFlags,
+    LocalApiserver, LocalChannelFlags, PeerCidrs, Scheme, UpstreamTlsFlags, DEFAULT_STATE_DIR,
 };
 use crate::local_channels::LocalChannels;
 use crate::peers::{AddressPolicy, LocalSelector, MappingEntry, PeerConfig};
@@ -103,10 +103,10 @@ pub struct RunArgs {
     #[arg(long, default_value = "15m", value_parser = parse_duration, value_name = "DURATION")]
     pub api_retention: Duration,
     /// A directory of this control plane's own (mode 0700) where every peer's last good
-    /// discovery is kept, so the API retention survives a restart. Without it the retention
-    /// starts empty after a restart.
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
+    /// discovery is kept, so the API retention survives a restart, and the configuration Envoy
+    /// last acknowledged, which `bootstrap --state-dir` renders as Envoy's fallback.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
@@ -133,6 +133,7 @@ pub struct RunConfig {
     pub discovery_timeout: Duration,
     pub holder_refetch_interval: Duration,
     pub api_retention: Duration,
+    /// `--state-dir` (the flags always give one: [`DEFAULT_STATE_DIR`] by default).
     pub state_dir: Option<PathBuf>,
 }
 
@@ -227,7 +228,7 @@ impl RunArgs {
             discovery_timeout: self.discovery_timeout,
             holder_refetch_interval: self.holder_refetch_interval,
             api_retention: self.api_retention,
-            state_dir: self.state_dir.clone(),
+            state_dir: Some(self.state_dir.clone()),
         })
     }
 }
@@ -283,6 +284,10 @@ mod tests {
         assert_eq!(c.discovery_timeout, Duration::from_secs(10));
         assert_eq!(c.peers.max_peers, 16);
         assert_eq!(c.holder_refetch_interval, Duration::from_secs(10));
+        // The safe setting without a flag: the retention and the last acknowledged
+        // configuration survive a restart, in the directory `bootstrap` reads by default.
+        assert_eq!(c.state_dir, Some(PathBuf::from(DEFAULT_STATE_DIR)));
+        assert_eq!(DEFAULT_STATE_DIR, "/var/lib/skewgate");
         assert_eq!(
             c.local_channels,
             LocalChannels::unix(std::path::Path::new("/run/skewgate")).expect("channels")
