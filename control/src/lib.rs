@@ -15,6 +15,7 @@ pub mod routing;
 pub mod run;
 pub mod shared_storage;
 pub mod skew_page;
+pub mod state_file;
 pub mod static_config;
 pub mod xds;
 

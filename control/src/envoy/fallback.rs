@@ -78,11 +78,8 @@ const MAX_ACKNOWLEDGED_BYTES: u64 = skewgate_core::config::MAX_CONFIG_BYTES as u
 /// Keep `config` as the last acknowledged one in `dir` (atomically: a reader sees the old
 /// record or the new one).
 pub fn write_acknowledged(dir: &Path, config: &AcknowledgedConfig) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{ACKNOWLEDGED_FILE}.tmp"));
     let json = serde_json::to_vec(config).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, json)?;
-    std::fs::rename(&tmp, dir.join(ACKNOWLEDGED_FILE))
+    crate::state_file::write(dir, ACKNOWLEDGED_FILE, &json).map_err(std::io::Error::other)
 }
 
 /// The last acknowledged configuration kept in `dir`: `Ok(None)` when there is none, an error

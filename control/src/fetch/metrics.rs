@@ -68,9 +68,20 @@ impl DiscoveryMetrics {
         Self::default()
     }
 
-    fn with_status<R>(&self, id: &str, f: impl FnOnce(&mut ApiserverSyncStatus) -> R) -> R {
+    /// Keep series for `id` from now on (its watch starts), until [`DiscoveryMetrics::forget`].
+    pub fn register(&self, id: &str) {
         let mut map = self.apiservers.lock().unwrap_or_else(|p| p.into_inner());
-        f(map.entry(id.to_string()).or_default())
+        map.entry(id.to_string()).or_default();
+    }
+
+    /// Only a registered apiserver has series: a fetch that ends after its peer left (an
+    /// aborted task runs on until its next await) cannot bring them back, so the per-apiserver
+    /// series are exactly the running watches, however many peers come and go.
+    fn with_status(&self, id: &str, f: impl FnOnce(&mut ApiserverSyncStatus)) {
+        let mut map = self.apiservers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(status) = map.get_mut(id) {
+            f(status);
+        }
     }
 
     pub fn record_success(&self, id: &str, outcome: SyncOutcome, stale_group_versions: usize) {
@@ -227,6 +238,8 @@ mod tests {
     #[test]
     fn counts_and_renders() {
         let m = DiscoveryMetrics::new();
+        m.register("apiserver-a");
+        m.register("apiserver-b");
         m.record_error(
             "apiserver-b",
             &FetchError::Connect {
@@ -295,5 +308,11 @@ mod tests {
         m.forget("apiserver-b");
         assert!(!crate::metrics::encode(&m.families()).contains("apiserver-b"));
         assert_eq!(m.errors_total(ErrorType::Connect), 2, "counters stay");
+        // A fetch that ends after its peer was forgotten counts, but brings no series back.
+        m.record_success("apiserver-b", SyncOutcome::Updated, 0);
+        m.record_error("apiserver-b", &FetchError::invalid("u", "late"));
+        assert!(!crate::metrics::encode(&m.families()).contains("apiserver-b"));
+        assert!(m.status("apiserver-b").is_none());
+        assert_eq!(m.outcomes_total(SyncOutcome::Updated), 2);
     }
 }

@@ -132,6 +132,7 @@ pub fn spawn_apiserver_watch(
     let (state_tx, state) = watch::channel(SyncState::default());
     let trigger = RefetchTrigger::default();
     let id = fetcher.id().to_string();
+    metrics.register(&id);
     let task = tokio::spawn(run(
         fetcher,
         refresh,
@@ -306,6 +307,7 @@ pub async fn fetch_all_once(
     .await;
     if let Some(m) = metrics {
         for (id, r) in &results {
+            m.register(id);
             match r {
                 Ok(docs) => m.record_success(
                     id,

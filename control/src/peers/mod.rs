@@ -51,8 +51,8 @@ pub use lease::{parse_micro_time, IdentityLease};
 pub use metrics::PeerMetrics;
 pub use model::{
     identity_lease_name, is_live, plausible_at_first_sight, Evaluation, ExcludedPeer, Exclusion,
-    LeaseField, LeaseInfo, LocalLease, LocalSelector, MalformedLease, Moment, Notice, Peer,
-    PeerConfig, PeerSet, Tracker, DEFAULT_GRACE, DEFAULT_MAX_PEERS, HOSTNAME_LABEL, IDENTITY_LABEL,
-    IDENTITY_LABEL_VALUE, LEASE_NAMESPACE,
+    FirstSeen, LeaseField, LeaseInfo, LocalLease, LocalSelector, MalformedLease, Moment, Notice,
+    Peer, PeerConfig, PeerSet, Tracker, DEFAULT_GRACE, DEFAULT_MAX_PEERS, HOSTNAME_LABEL,
+    IDENTITY_LABEL, IDENTITY_LABEL_VALUE, LEASE_NAMESPACE,
 };
 pub use watcher::{client_from_kubeconfig, label_selector, lease_info, PeerWatcher};

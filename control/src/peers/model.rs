@@ -51,9 +51,17 @@
 //!   3–7 apiservers), so a Lease writer cannot make every node route to and poll an unbounded
 //!   number of addresses. Beyond the cap the choice is deterministic and favours what is
 //!   trusted and established: addresses from the operator's mapping first, then the lease we
-//!   have known the longest (first seen on our monotonic clock: a flood of new leases never
-//!   displaces known peers), then the smallest name. The others are [`Exclusion::OverCap`],
-//!   reported once ([`Notice::OverCap`]), never routed and never fetched.
+//!   have known the longest ([`FirstSeen`]: a flood of new leases never displaces known peers),
+//!   then the smallest name. The others are [`Exclusion::OverCap`], reported once
+//!   ([`Notice::OverCap`]), never routed and never fetched.
+//! - **seniority survives a restart**: each peer's [`FirstSeen`] is kept in the state directory
+//!   with its retained discovery (`crate::run::state_dir`) and handed back to a new tracker
+//!   ([`Tracker::restoring`], at most [`PeerConfig::max_peers`] of them, the most senior). Every
+//!   lease this process sees for the first time ranks after all of them, whatever our wall
+//!   clock says: stamps only ever increase ([`Tracker`] ratchets them past the newest one it
+//!   knows), so a clock set back cannot make a new lease look older than a known peer, and on
+//!   the first list after a restart the known peers are not tied with a flood of leases whose
+//!   names sort first.
 //! - **a failing watch**: while the lease watch is failing we cannot tell a dead peer from one
 //!   whose renewals we do not see, so liveness is frozen at the moment the watch failed
 //!   ([`PeerSet::stale`]) until it works again. Dropping every peer instead would turn their
@@ -147,8 +155,39 @@ impl Default for PeerConfig {
     }
 }
 
+/// When this control plane first saw a lease: the seniority that decides who is over the cap.
+///
+/// Nanoseconds since the Unix epoch by our wall clock at first sight, but never earlier than a
+/// stamp already handed out or restored ([`Tracker`] ratchets them), so the order of stamps is
+/// the order in which leases were first seen, across restarts, whatever the clock did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct FirstSeen(pub u64);
+
+impl FirstSeen {
+    pub fn from_wall(t: SystemTime) -> FirstSeen {
+        let nanos = t
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        FirstSeen(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    pub fn wall(self) -> SystemTime {
+        std::time::UNIX_EPOCH + Duration::from_nanos(self.0)
+    }
+
+    /// The stamp for a first sight at `wall` after `newest`: later than `newest` even if our
+    /// clock is behind it (saturating at the end of `u64`, where only names break ties).
+    pub fn after(newest: Option<FirstSeen>, wall: SystemTime) -> FirstSeen {
+        let at = FirstSeen::from_wall(wall);
+        match newest {
+            Some(n) if at <= n => FirstSeen(n.0.saturating_add(1)),
+            _ => at,
+        }
+    }
+}
+
 /// A moment as both of our clocks tell it: the monotonic one for observations and liveness,
-/// the wall clock only to judge a lease seen for the first time.
+/// the wall clock only to judge a lease seen for the first time (and to stamp it, [`FirstSeen`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Moment {
     pub mono: Instant,
@@ -247,6 +286,8 @@ pub struct Peer {
     pub address_source: AddressSource,
     /// Changes whenever the holder identity changes (a restart): refetch its discovery.
     pub generation: u64,
+    /// Its seniority under the cap, kept in the state directory with its retained discovery.
+    pub first_seen: FirstSeen,
 }
 
 /// The local apiserver's own lease (its address is not needed: Envoy reaches it locally).
@@ -403,9 +444,9 @@ struct Tracked {
     info: LeaseInfo,
     /// `None`: seen only with an implausible `renewTime` and never renewed since.
     observed: Option<Instant>,
-    /// When we first saw the lease (kept across re-lists while it exists): seniority for
-    /// the cap on peers.
-    first_seen: Instant,
+    /// When we first saw the lease (kept across re-lists while it exists, and across restarts
+    /// through the state directory): seniority for the cap on peers.
+    first_seen: FirstSeen,
 }
 
 /// What was last reported about a lease, so it is reported once.
@@ -435,10 +476,30 @@ pub struct Tracker {
     pending_notices: Vec<Notice>,
     /// Set while the watch is failing: liveness is evaluated as of then.
     frozen_at: Option<Instant>,
+    /// Seniority kept from before a restart, for leases not seen yet in this process (at most
+    /// `max_peers`); a lease takes its stamp from here at first sight.
+    restored: BTreeMap<String, FirstSeen>,
+    /// The newest stamp restored or handed out, and the moment it was handed out (leases first
+    /// seen at the same moment, one list, share it and are ordered by name).
+    newest: Option<(FirstSeen, Option<Instant>)>,
 }
 
 impl Tracker {
     pub fn new(config: PeerConfig) -> Self {
+        Tracker::restoring(config, [])
+    }
+
+    /// A tracker that remembers the seniority of leases seen before a restart (from the state
+    /// directory): only the `max_peers` most senior count, and every lease first seen from now
+    /// on ranks after them.
+    pub fn restoring(
+        config: PeerConfig,
+        first_seen: impl IntoIterator<Item = (String, FirstSeen)>,
+    ) -> Self {
+        let mut known: Vec<(String, FirstSeen)> = first_seen.into_iter().collect();
+        known.sort_by(|(a, sa), (b, sb)| (sa, a).cmp(&(sb, b)));
+        known.truncate(config.max_peers);
+        let newest = known.iter().map(|(_, s)| *s).max().map(|s| (s, None));
         Tracker {
             config,
             leases: BTreeMap::new(),
@@ -449,7 +510,22 @@ impl Tracker {
             reported: BTreeMap::new(),
             pending_notices: Vec::new(),
             frozen_at: None,
+            restored: known.into_iter().collect(),
+            newest,
         }
+    }
+
+    /// The stamp of a lease first seen `at`: restored from before a restart, or the next one.
+    fn first_sight(&mut self, name: &str, at: Moment) -> FirstSeen {
+        if let Some(kept) = self.restored.remove(name) {
+            return kept;
+        }
+        let stamp = match self.newest {
+            Some((stamp, Some(mono))) if mono == at.mono => stamp,
+            newest => FirstSeen::after(newest.map(|(s, _)| s), at.wall),
+        };
+        self.newest = Some((stamp, Some(at.mono)));
+        stamp
     }
 
     /// The watch failed at `now`: freeze liveness (the first failure counts) until
@@ -497,10 +573,10 @@ impl Tracker {
 
     /// A lease was added or changed, seen `at`.
     pub fn apply(&mut self, info: LeaseInfo, at: Moment) {
-        let first_seen = self
-            .leases
-            .get(&info.name)
-            .map_or(at.mono, |known| known.first_seen);
+        let first_seen = match self.leases.get(&info.name) {
+            Some(known) => known.first_seen,
+            None => self.first_sight(&info.name, at),
+        };
         let observed = match self.leases.get(&info.name) {
             // Nothing renewed (e.g. an annotation changed, or a re-list): keep what we had.
             Some(known) if known.info.same_renewal(&info) => known.observed,
@@ -530,6 +606,8 @@ impl Tracker {
         self.leases.remove(name);
         self.generations.remove(name);
         self.reported.remove(name);
+        // A lease deleted and created again is a new lease, as without a restart.
+        self.restored.remove(name);
     }
 
     /// A (re-)list starts: collect until [`Tracker::finish_relist`].
@@ -559,6 +637,9 @@ impl Tracker {
         for info in listed.into_values() {
             self.apply(info, at);
         }
+        // Restored seniority of a lease the list does not have: it was deleted while we were
+        // down, and a lease created again later is a new lease.
+        self.restored.clear();
         self.synced = true;
     }
 
@@ -583,8 +664,8 @@ impl Tracker {
         let now = self.frozen_at.map_or(now, |f| f.min(now));
         let grace = self.config.grace;
         let local_name = self.local_name();
-        // Live peers with an accepted address, before the cap: (peer, first seen).
-        let mut candidates: Vec<(Peer, Instant)> = Vec::new();
+        // Live peers with an accepted address, before the cap.
+        let mut candidates: Vec<Peer> = Vec::new();
         let mut set = PeerSet {
             synced: self.synced,
             stale,
@@ -676,18 +757,16 @@ impl Tracker {
                 info.hostname.as_deref(),
                 info.peer_advertise_address.as_deref(),
             ) {
-                Ok((address, address_source)) => candidates.push((
-                    Peer {
-                        id: info.name.clone(),
-                        holder_identity: holder,
-                        hostname: info.hostname.clone(),
-                        renew_time,
-                        address,
-                        address_source,
-                        generation,
-                    },
-                    *first_seen,
-                )),
+                Ok((address, address_source)) => candidates.push(Peer {
+                    id: info.name.clone(),
+                    holder_identity: holder,
+                    hostname: info.hostname.clone(),
+                    renew_time,
+                    address,
+                    address_source,
+                    generation,
+                    first_seen: *first_seen,
+                }),
                 Err(reason) => {
                     let value = info.peer_advertise_address.clone();
                     let key = Reported::Address(value.clone(), reason);
@@ -706,9 +785,9 @@ impl Tracker {
         // The cap: the operator's mapping first, then the longest known, then the smallest
         // name (`candidates` is in name order and the sort is stable).
         if candidates.len() > self.config.max_peers {
-            candidates.sort_by_key(|(p, first_seen)| (!p.address_source.is_mapping(), *first_seen));
+            candidates.sort_by_key(|p| (!p.address_source.is_mapping(), p.first_seen));
         }
-        for (i, (peer, _)) in candidates.into_iter().enumerate() {
+        for (i, peer) in candidates.into_iter().enumerate() {
             if i < self.config.max_peers {
                 set.peers.push(peer);
                 continue;
@@ -1577,6 +1656,176 @@ mod tests {
             ["apiserver-0000", "apiserver-m", "apiserver-n"]
         );
         assert!(e.notices.is_empty());
+    }
+
+    /// The finding of issue 18: after a restart every lease was first seen at the same moment
+    /// (the first list), so 16 renewed leases whose names sort first pushed the real peer out
+    /// of the cap. Seniority kept in the state directory keeps it in.
+    #[test]
+    fn after_a_restart_leases_whose_names_sort_first_never_take_a_known_peers_place() {
+        let cfg = config(&["10.0.0.0/8"]);
+        let real = || lease("apiserver-real", "r", Some(0), Some("10.0.0.2:1"));
+        let flood = |renew: u64| -> Vec<LeaseInfo> {
+            (0..16)
+                .map(|i| {
+                    lease(
+                        &format!("apiserver-0{i:02}"),
+                        "x",
+                        Some(renew),
+                        Some("10.0.1.1:1"),
+                    )
+                })
+                .collect()
+        };
+        // Before the restart: the real peer was known first; the flood fills what is left.
+        let mut before = synced(cfg.clone(), vec![real()]);
+        for l in flood(10) {
+            before.apply(l, at(10));
+        }
+        let e = before.evaluate(mono(10));
+        assert!(e.set.peer("apiserver-real").is_some());
+        assert_eq!(e.set.peers.len(), DEFAULT_MAX_PEERS);
+        // What the retention keeps: the seniority of the peers within the cap.
+        let kept: Vec<(String, FirstSeen)> = e
+            .set
+            .peers
+            .iter()
+            .map(|p| (p.id.clone(), p.first_seen))
+            .collect();
+
+        // The restart: everything listed at once, all renewed.
+        let listed = || {
+            let mut leases = flood(100);
+            leases.push(lease("apiserver-real", "r", Some(100), Some("10.0.0.2:1")));
+            leases
+        };
+        let relist = |t: &mut Tracker| {
+            t.begin_relist();
+            for l in listed() {
+                t.relist_apply(l);
+            }
+            t.finish_relist(at(100));
+        };
+        let mut without = Tracker::new(cfg.clone());
+        relist(&mut without);
+        assert_eq!(
+            without
+                .evaluate(mono(100))
+                .set
+                .excluded("apiserver-real")
+                .map(|x| x.reason),
+            Some(Exclusion::OverCap),
+            "without the seniority: the smallest names win"
+        );
+        let mut after = Tracker::restoring(cfg, kept);
+        relist(&mut after);
+        let e = after.evaluate(mono(100));
+        assert!(
+            e.set.peer("apiserver-real").is_some(),
+            "{:?}",
+            e.set.excluded
+        );
+        assert_eq!(e.set.peers.len(), DEFAULT_MAX_PEERS);
+        // The one flood lease that was over the cap before is the one over it now.
+        let over: Vec<&str> = e.set.excluded.iter().map(|x| x.id.as_str()).collect();
+        assert_eq!(over, ["apiserver-015"]);
+        // And the stamps carry on: what the state directory would write again is unchanged.
+        assert_eq!(
+            e.set.peer("apiserver-real").map(|p| p.first_seen),
+            before
+                .evaluate(mono(10))
+                .set
+                .peer("apiserver-real")
+                .map(|p| p.first_seen)
+        );
+    }
+
+    #[test]
+    fn a_clock_set_back_never_makes_a_new_lease_look_older() {
+        let mut cfg = config(&["10.0.0.0/8"]);
+        cfg.max_peers = 1;
+        let when = |mono_secs: u64, wall_secs: u64| Moment {
+            mono: mono(mono_secs),
+            wall: wall(wall_secs),
+        };
+        // Within one process: "m" first seen at 5000 by the wall clock, which is then set back
+        // an hour; "a" (a smaller name) first seen after it still ranks after it.
+        let mut t = synced(cfg.clone(), vec![]);
+        t.apply(
+            lease("apiserver-m", "m", Some(5000), Some("10.0.0.1:1")),
+            when(1, 5000),
+        );
+        t.apply(
+            lease("apiserver-a", "a", Some(1400), Some("10.0.0.2:1")),
+            when(2, 1400),
+        );
+        let e = t.evaluate(mono(3));
+        assert_eq!(ids(&e.set), ["apiserver-m"]);
+        let (m, a) = (
+            t.leases["apiserver-m"].first_seen,
+            t.leases["apiserver-a"].first_seen,
+        );
+        assert!(a > m, "{a:?} after {m:?}");
+        // Across a restart onto a clock a year behind: restored seniority stays ahead of every
+        // lease seen from now on.
+        let kept = [(
+            "apiserver-m".to_string(),
+            FirstSeen::from_wall(wall(365 * 86_400)),
+        )];
+        let mut t = Tracker::restoring(cfg, kept);
+        t.begin_relist();
+        t.relist_apply(lease("apiserver-a", "a", Some(0), Some("10.0.0.2:1")));
+        t.relist_apply(lease("apiserver-m", "m", Some(0), Some("10.0.0.1:1")));
+        t.finish_relist(when(10, 0));
+        assert_eq!(ids(&t.evaluate(mono(10)).set), ["apiserver-m"]);
+        assert!(t.leases["apiserver-a"].first_seen > t.leases["apiserver-m"].first_seen);
+        // The stamps only grow; at the end of u64 they saturate (names decide).
+        assert_eq!(
+            FirstSeen::after(Some(FirstSeen(u64::MAX)), wall(0)),
+            FirstSeen(u64::MAX)
+        );
+        assert_eq!(
+            FirstSeen::after(None, wall(5)),
+            FirstSeen::from_wall(wall(5))
+        );
+        assert_eq!(FirstSeen::from_wall(wall(5)).wall(), wall(5));
+    }
+
+    #[test]
+    fn restored_seniority_is_bounded_by_the_cap_and_lost_with_the_lease() {
+        let mut cfg = config(&["10.0.0.0/8"]);
+        cfg.max_peers = 2;
+        // Three kept (a directory of another configuration): only the two most senior count.
+        let kept = [
+            ("apiserver-c".to_string(), FirstSeen(3)),
+            ("apiserver-a".to_string(), FirstSeen(1)),
+            ("apiserver-b".to_string(), FirstSeen(2)),
+        ];
+        let t = Tracker::restoring(cfg.clone(), kept.clone());
+        assert_eq!(
+            t.restored.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["apiserver-a", "apiserver-b"]
+        );
+        // The first list finds "a" only: "b" was deleted while we were down, and when a lease
+        // of that name is created later, it is a new one.
+        let mut t = Tracker::restoring(cfg.clone(), kept.clone());
+        t.begin_relist();
+        t.relist_apply(lease("apiserver-a", "a", Some(100), Some("10.0.0.1:1")));
+        t.finish_relist(at(100));
+        assert_eq!(t.leases["apiserver-a"].first_seen, FirstSeen(1));
+        assert!(t.restored.is_empty());
+        t.apply(
+            lease("apiserver-b", "b", Some(101), Some("10.0.0.2:1")),
+            at(101),
+        );
+        assert!(t.leases["apiserver-b"].first_seen > FirstSeen(3));
+        // A lease deleted and created again in this process is new too.
+        t.delete("apiserver-a");
+        t.apply(
+            lease("apiserver-a", "a", Some(102), Some("10.0.0.1:1")),
+            at(102),
+        );
+        assert!(t.leases["apiserver-a"].first_seen > t.leases["apiserver-b"].first_seen);
     }
 
     #[test]

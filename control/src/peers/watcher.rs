@@ -32,7 +32,7 @@ pub use super::lease::lease_info;
 use super::lease::IdentityLease;
 use super::metrics::PeerMetrics;
 use super::model::{
-    Moment, Notice, PeerConfig, PeerSet, Tracker, IDENTITY_LABEL, IDENTITY_LABEL_VALUE,
+    FirstSeen, Moment, Notice, PeerConfig, PeerSet, Tracker, IDENTITY_LABEL, IDENTITY_LABEL_VALUE,
     LEASE_NAMESPACE,
 };
 
@@ -63,8 +63,20 @@ pub struct PeerWatcher {
 impl PeerWatcher {
     /// Start watching; the first snapshot is empty and not `synced`.
     pub fn spawn(client: Client, config: PeerConfig, metrics: Arc<PeerMetrics>) -> PeerWatcher {
+        PeerWatcher::spawn_restoring(client, config, Vec::new(), metrics)
+    }
+
+    /// Start watching with the seniority of the leases known before a restart (the state
+    /// directory's, see [`Tracker::restoring`]).
+    pub fn spawn_restoring(
+        client: Client,
+        config: PeerConfig,
+        first_seen: Vec<(String, FirstSeen)>,
+        metrics: Arc<PeerMetrics>,
+    ) -> PeerWatcher {
         let (tx, updates) = watch::channel(PeerSet::default());
-        let task = tokio::spawn(run(client, config, metrics.clone(), tx));
+        let tracker = Tracker::restoring(config, first_seen);
+        let task = tokio::spawn(run(client, tracker, metrics.clone(), tx));
         PeerWatcher {
             updates,
             metrics,
@@ -187,10 +199,11 @@ fn log_changes(old: &PeerSet, new: &PeerSet) {
 /// Watch until `tx` has no receivers left.
 pub async fn run(
     client: Client,
-    config: PeerConfig,
+    mut tracker: Tracker,
     metrics: Arc<PeerMetrics>,
     tx: watch::Sender<PeerSet>,
 ) {
+    let config = tracker.config().clone();
     if config.policy.allowed_cidrs.is_empty() {
         warn!("no peer CIDR configured: every {PEER_ADVERTISE_ADDRESS_ANNOTATION} annotation is refused; only the operator's peer address mapping is used");
     } else {
@@ -205,7 +218,6 @@ pub async fn run(
     let api: Api<IdentityLease> = Api::namespaced(client, LEASE_NAMESPACE);
     let wc = watcher::Config::default().labels(&label_selector());
     let mut events = watcher::watcher(api, wc).default_backoff().boxed();
-    let mut tracker = Tracker::new(config);
     let mut deadline: Option<tokio::time::Instant> = None;
     loop {
         let expiry = async {

@@ -27,7 +27,7 @@ use crate::xds::{self, XdsMetrics};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 
 use super::config::{LogFormat, LogLevel, RunArgs, RunConfig};
-use super::orchestrator::{Orchestrator, Shared};
+use super::orchestrator::{restore_state, Orchestrator, Shared};
 use super::status::{AppMetrics, Status};
 
 fn init_logging(format: LogFormat, level: LogLevel) {
@@ -140,6 +140,8 @@ async fn wait_true(mut rx: watch::Receiver<bool>) {
 async fn run_async(config: RunConfig) -> Result<()> {
     let config = Arc::new(config);
     readable(&config.wasm, "--wasm")?;
+    // Before anything listens: a state directory another user owns is refused here.
+    let restored = restore_state(&config).context("--state-dir")?;
     if let Some(tls) = &config.upstream_tls {
         // Envoy reads these; a typo should fail here, not as a NACK later.
         readable(&tls.proxy_client_cert_file, "--proxy-client-cert-file")?;
@@ -167,8 +169,12 @@ async fn run_async(config: RunConfig) -> Result<()> {
     }
 
     let peer_metrics = Arc::new(PeerMetrics::default());
-    let peer_watcher =
-        PeerWatcher::spawn(client.clone(), config.peers.clone(), peer_metrics.clone());
+    let peer_watcher = PeerWatcher::spawn_restoring(
+        client.clone(),
+        config.peers.clone(),
+        restored.retention.first_seen(),
+        peer_metrics.clone(),
+    );
     let shared_metrics = Arc::new(SharedStorageMetrics::default());
     let shared_watcher = SharedStorageWatcher::spawn(client, shared_metrics.clone());
     let discovery_metrics = Arc::new(DiscoveryMetrics::new());
@@ -222,6 +228,7 @@ async fn run_async(config: RunConfig) -> Result<()> {
             status,
         },
         publisher,
+        restored,
     )?;
     let orchestrator_task = tokio::spawn(orchestrator.run(
         peer_watcher.updates.clone(),
@@ -367,11 +374,15 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
         (None, _) => None,
     };
     // What the control plane last saw acknowledged, if it kept it: a record that cannot be
-    // read or rendered ([`read_acknowledged`] checks it as the fallback will use it) leaves the
-    // fallback local-only, and says so on stderr (the Envoy pod's log): Envoy must start
+    // read or rendered ([`read_acknowledged`] checks it as the fallback will use it), or that
+    // sits in a directory another user could write (whatever it holds could be theirs), leaves
+    // the fallback local-only, and says so on stderr (the Envoy pod's log): Envoy must start
     // regardless.
     let acknowledged = match &fallback {
-        Some(_) => match read_acknowledged(&args.state_dir) {
+        Some(_) => match crate::state_file::check_dir(&args.state_dir)
+            .map_err(|e| e.to_string())
+            .and_then(|()| read_acknowledged(&args.state_dir))
+        {
             Ok(record) => record,
             Err(e) => {
                 eprintln!(
@@ -843,5 +854,46 @@ mod tests {
         assert!(!cluster_names(&b)
             .iter()
             .any(|c| c.starts_with("skewgate-fallback")));
+    }
+
+    #[test]
+    fn bootstrap_ignores_a_kept_configuration_others_could_have_written() {
+        use crate::envoy::fallback::{local_only_config, write_acknowledged, AcknowledgedConfig};
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let state = tmp.path().join("state");
+        let flag = format!("--state-dir={}", state.display());
+        let Ok(Command::Bootstrap(args)) = parse(&[
+            "bootstrap",
+            "--insecure-plaintext-listener",
+            "--local-apiserver-url=http://127.0.0.1:6443",
+            "--wasm=/x.wasm",
+            "--insecure-plaintext-upstreams",
+            &flag,
+        ]) else {
+            panic!("parses");
+        };
+        let mode = |args: &BootstrapArgs| {
+            FilterConfig::from_json(default_filter_config(&decoded(args)).as_bytes())
+                .expect("valid")
+                .fallback
+                .map(|f| f.mode)
+        };
+        // No directory yet (the control plane never ran): local-only, nothing created.
+        assert_eq!(mode(&args), Some(FallbackMode::LocalOnly));
+        assert!(!state.exists());
+        let record = AcknowledgedConfig {
+            filter_config: local_only_config("cp-1"),
+            peer_clusters: Default::default(),
+        };
+        write_acknowledged(&state, &record).expect("kept");
+        assert_eq!(mode(&args), Some(FallbackMode::LastAcknowledged));
+        // Writable by others: whoever could write it chooses the routing. Refused, untouched.
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        assert_eq!(mode(&args), Some(FallbackMode::LocalOnly));
+        assert_eq!(
+            std::fs::metadata(&state).expect("metadata").mode() & 0o7777,
+            0o777
+        );
     }
 }

@@ -102,9 +102,12 @@ pub struct RunArgs {
     /// 404. It ends earlier when the apiserver is back with fresh discovery. 0 disables it.
     #[arg(long, default_value = "15m", value_parser = parse_duration, value_name = "DURATION")]
     pub api_retention: Duration,
-    /// A directory of this control plane's own (mode 0700) where every peer's last good
-    /// discovery is kept, so the API retention survives a restart, and the configuration Envoy
-    /// last acknowledged, which `bootstrap --state-dir` renders as Envoy's fallback.
+    /// A directory of this control plane's own where every peer's last good discovery and
+    /// seniority under --max-peers are kept (at most --max-peers departed peers besides the live
+    /// ones), so the API retention and the cap's order survive a restart, and the last
+    /// configuration Envoy acknowledged, which `bootstrap --state-dir` renders as Envoy's
+    /// fallback. Created 0700, tightened to 0700 when this user owns it, refused when another
+    /// user does; files are 0600.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

@@ -188,6 +188,47 @@ impl PartialEq for Fingerprint {
     }
 }
 
+/// What the state directory gave back at start: the retention, and with it the seniority of
+/// the peers it knew (for the peer watcher, before its first list).
+pub struct RestoredState {
+    pub retention: Retention,
+    pub state_dir: Option<StateDir>,
+}
+
+/// Open `--state-dir` (refused when another user owns it: see [`crate::state_file`]) and read
+/// what it kept, bounded by `--max-peers`; without it, an empty retention.
+pub fn restore_state(config: &RunConfig) -> anyhow::Result<RestoredState> {
+    let max_peers = config.peers.max_peers;
+    let Some(dir) = &config.state_dir else {
+        return Ok(RestoredState {
+            retention: Retention::new(config.api_retention, max_peers),
+            state_dir: None,
+        });
+    };
+    let state = StateDir::open(dir)?;
+    let loaded = state.load(max_peers);
+    for p in &loaded.problems {
+        warn!(problem = %p, "ignoring an unreadable file in the state directory");
+    }
+    if !loaded.dropped.is_empty() {
+        warn!(
+            dropped = ?loaded.dropped,
+            kept = loaded.entries.len(),
+            "the state directory held more apiservers than --max-peers allows: kept the longest known"
+        );
+    }
+    if !loaded.entries.is_empty() {
+        info!(
+            apiservers = loaded.entries.len(),
+            "restored the last good discovery and seniority of peers from the state directory"
+        );
+    }
+    Ok(RestoredState {
+        retention: Retention::restore(config.api_retention, max_peers, loaded.entries),
+        state_dir: Some(state),
+    })
+}
+
 /// Everything the orchestrator shares with the rest of the process.
 pub struct Shared {
     pub discovery_metrics: Arc<DiscoveryMetrics>,
@@ -224,6 +265,7 @@ impl Orchestrator {
         template: ClientTemplate,
         shared: Shared,
         publisher: watch::Sender<Option<Arc<Snapshot>>>,
+        restored: RestoredState,
     ) -> anyhow::Result<Self> {
         let fetch = FetchConfig {
             timeout: config.discovery_timeout,
@@ -247,26 +289,10 @@ impl Orchestrator {
             },
             holder_refetch_interval: config.holder_refetch_interval,
         };
-        let (retention, state_dir) = match &config.state_dir {
-            Some(dir) => {
-                let state = StateDir::open(dir)?;
-                let (entries, problems) = state.load();
-                for p in problems {
-                    warn!(problem = %p, "ignoring an unreadable file in the state directory");
-                }
-                if !entries.is_empty() {
-                    info!(
-                        apiservers = entries.len(),
-                        "restored the last good discovery of peers from the state directory"
-                    );
-                }
-                (
-                    Retention::restore(config.api_retention, entries),
-                    Some(state),
-                )
-            }
-            None => (Retention::new(config.api_retention), None),
-        };
+        let RestoredState {
+            retention,
+            state_dir,
+        } = restored;
         let wake = Arc::new(Notify::new());
         let local = Running::start(
             "local",
@@ -657,7 +683,8 @@ impl Orchestrator {
         let mut changes = Changes::default();
         for p in &set.peers {
             if let Some(docs) = self.peers.get(&p.id).and_then(|r| r.watch.current()) {
-                self.retention.seen(&p.id, &docs, &mut changes);
+                self.retention
+                    .seen(&p.id, &docs, p.first_seen, &mut changes);
             }
         }
         // Before the first lease list nobody is known to be live, not even to have left.
@@ -666,8 +693,18 @@ impl Orchestrator {
             self.retention.left_unless(&live, now, &mut changes);
         }
         self.retention.expire(now, &mut changes);
+        self.retention.bound(&mut changes);
         for id in &changes.remove {
-            info!(peer = %id, "API retention ended: what only this apiserver served is gone");
+            if changes.evicted.contains(id) {
+                self.shared.app_metrics.retention_evicted();
+                warn!(
+                    peer = %id,
+                    max_peers = self.config.peers.max_peers,
+                    "API retention full (--max-peers departed apiservers): dropped the discovery of the one first seen most recently"
+                );
+            } else {
+                info!(peer = %id, "API retention ended: what only this apiserver served is gone");
+            }
         }
         if changes.is_empty() {
             return;

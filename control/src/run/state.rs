@@ -288,6 +288,7 @@ mod tests {
             address: address.parse().expect("socket address"),
             address_source: AddressSource::Annotation,
             generation: 1,
+            first_seen: Default::default(),
         }
     }
 

@@ -32,6 +32,8 @@ pub struct AppMetrics {
     first_sync_ms: AtomicU64,
     last_publish: Mutex<Option<SystemTime>>,
     pending_peers: AtomicU64,
+    /// Departed apiservers dropped from a full retention.
+    retention_evicted: AtomicU64,
     /// Retained apiservers: id, when their retention ends, how many group-version-resources.
     retained: Mutex<Vec<RetainedStatus>>,
 }
@@ -74,6 +76,11 @@ impl AppMetrics {
         if let Ok(mut r) = self.retained.lock() {
             *r = retained;
         }
+    }
+
+    /// A departed apiserver's discovery was dropped because the retention was full.
+    pub fn retention_evicted(&self) {
+        self.retention_evicted.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn set_ready(&self, after_ms: u64) {
@@ -128,6 +135,11 @@ impl AppMetrics {
             "skewgate_control_pending_peers",
             "Live peers whose discovery is not known yet (requests nobody known serves get 503).",
             load(&self.pending_peers) as f64,
+        );
+        f.counter(
+            "skewgate_control_retention_evicted_total",
+            "Departed apiservers whose discovery was dropped before the retention window passed: more than --max-peers had departed (the one first seen most recently goes first).",
+            load(&self.retention_evicted),
         );
         let retained = self.retained.lock().map(|r| r.clone()).unwrap_or_default();
         f.gauges(
