@@ -226,6 +226,13 @@ impl<H: Host> Request<H> {
                 }
                 return Ok(());
             }
+            ResponseDecision::Rewrite(headers) => {
+                if let Some(counter) = self.response.rerouted(&self.config.compiled, code) {
+                    count(&mut self.host, &self.config, counter);
+                }
+                apply(&mut self.host, Headers::Response, &headers)?;
+                return Ok(());
+            }
             ResponseDecision::Replace(replacement) => replacement,
             ResponseDecision::AddOpenApiEntries(headers) => {
                 apply(&mut self.host, Headers::Response, &headers)?;
