@@ -89,6 +89,8 @@ fn control_bin() -> Result<PathBuf> {
 struct Control {
     args: Vec<OsString>,
     health: Address,
+    /// `--debug-listen`: `/debug/skew`.
+    debug: Address,
     /// `--socket-dir`: the xDS socket and Envoy's admin socket (the default local channels).
     socket_dir: PathBuf,
     log_path: PathBuf,
@@ -137,6 +139,7 @@ impl Control {
 
     fn with_args(local: &SimApiserver, dir: &Path, extra: Vec<String>) -> Result<Self> {
         let health = free_port()?;
+        let debug = free_port()?;
         let socket_dir = extra
             .iter()
             .find_map(|a| a.strip_prefix("--socket-dir="))
@@ -151,6 +154,7 @@ impl Control {
             args.push(format!("--socket-dir={}", socket_dir.display()).into());
         }
         args.push(format!("--health-listen=127.0.0.1:{health}").into());
+        args.push(format!("--debug-listen=127.0.0.1:{debug}").into());
         args.push(format!("--wasm={}", wasm_path()?.display()).into());
         args.push("--initial-sync-timeout=20s".into());
         args.push("--discovery-timeout=3s".into());
@@ -162,6 +166,7 @@ impl Control {
         Ok(Control {
             args,
             health: Address::parse(&format!("127.0.0.1:{health}"))?,
+            debug: Address::parse(&format!("127.0.0.1:{debug}"))?,
             socket_dir,
             log_path: dir.join("skewgate-control.log"),
             child: None,
@@ -234,10 +239,14 @@ impl Control {
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
+    /// GET on the health port (`/healthz`, `/readyz`, `/metrics`).
     async fn get(&self, path: &str) -> Result<(u16, String)> {
-        let url = format!("http://{}:{}{path}", self.health.host, self.health.port);
-        let resp = client().get(url).send().await?;
-        Ok((resp.status().as_u16(), resp.text().await?))
+        get_at(&self.health, path).await
+    }
+
+    /// GET on the debug port (`/debug/skew`).
+    async fn get_debug(&self, path: &str) -> Result<(u16, String)> {
+        get_at(&self.debug, path).await
     }
 
     async fn ready(&self) -> bool {
@@ -256,9 +265,15 @@ impl Control {
     }
 
     async fn skew(&self) -> Result<serde_json::Value> {
-        let (_, text) = self.get("/debug/skew").await?;
+        let (_, text) = self.get_debug("/debug/skew").await?;
         Ok(serde_json::from_str(&text)?)
     }
+}
+
+async fn get_at(address: &Address, path: &str) -> Result<(u16, String)> {
+    let url = format!("http://{}:{}{path}", address.host, address.port);
+    let resp = client().get(url).send().await?;
+    Ok((resp.status().as_u16(), resp.text().await?))
 }
 
 /// Who serves `resource` of `group/version`, according to the control plane's skew matrix
@@ -2475,7 +2490,7 @@ async fn the_skew_page_shows_the_matrix_in_a_real_browser() -> Result<()> {
     .with_context(|| control.log())?;
     let page = format!(
         "http://{}:{}/debug/skew",
-        control.health.host, control.health.port
+        control.debug.host, control.debug.port
     );
     let artefacts = skewgate_tests::test_artefacts_dir()?;
 
@@ -2510,12 +2525,15 @@ async fn the_skew_page_shows_the_matrix_in_a_real_browser() -> Result<()> {
         "{dom}"
     );
     // curl (Accept: */*) still gets the JSON.
-    let (status, json) = control.get("/debug/skew").await?;
+    let (status, json) = control.get_debug("/debug/skew").await?;
     assert_eq!(status, 200);
     assert!(
         serde_json::from_str::<serde_json::Value>(&json).is_ok(),
         "{json}"
     );
+    // Only on the debug port: the port Prometheus scrapes does not show it.
+    assert_eq!(control.get("/debug/skew").await?.0, 404);
+    assert_eq!(control.get("/metrics").await?.0, 200);
 
     // b, the only 1.33, crashes: after the grace its API is retained, and the page says so.
     let b_lease = b.lease_name();
