@@ -1,18 +1,28 @@
-//! The control plane's HTTP endpoints (`--health-listen`):
+//! The control plane's HTTP endpoints, on two listeners.
+//!
+//! `--health-listen` ([`router`]), what probes and Prometheus need:
 //!
 //! - `/healthz`, `/livez`: 200 while the process serves;
 //! - `/readyz`: 200 only after the first complete sync was published to Envoy, 503 with the
 //!   reasons before;
 //! - `/metrics`: Prometheus text (peers, discovery, xDS, shared storage, the orchestrator),
 //!   followed by the filter's counters read from Envoy's admin interface (the local channels,
-//!   `--socket-dir`) at each scrape: one scrape per node has both planes;
+//!   `--socket-dir`) at each scrape: one scrape per node has both planes. Every label value
+//!   comes from a closed set or is an apiserver's lease name (bounded by `--max-peers` and the
+//!   retention); no error text.
+//!
+//! `--debug-listen` ([`debug_router`]), off unless given and on loopback only, because it shows
+//! the routing table, the peers' addresses and their last errors without authentication:
+//!
 //! - `/debug/skew`: the skew matrix as JSON, which apiserver serves which group-version-resource
 //!   and where requests for it go (`?all=true` lists uniformly served ones too); a browser
 //!   (`Accept` preferring `text/html`) gets the same document as a page ([`crate::skew_page`]).
 //!
-//! Nothing here decides anything: the handlers call what [`Health`] was given.
+//! So `/metrics` can be scraped from another host without exposing `/debug/skew`. Nothing here
+//! decides anything: the handlers call what [`Health`] was given.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
@@ -23,6 +33,7 @@ use axum::Router;
 use serde::Deserialize;
 
 use crate::envoy::admin::{self, FILTER_STATS};
+use crate::flags::{parse_socket_address, FlagError};
 use crate::local_channels::LocalChannel;
 use crate::metrics::{encode, Families};
 use crate::skew_page;
@@ -40,15 +51,35 @@ pub struct Health {
     pub skew: Box<dyn Fn(bool) -> serde_json::Value + Send + Sync>,
 }
 
-/// The router (for tests and for [`serve`]).
+/// The `--health-listen` router: probes and `/metrics`.
 pub fn router(health: Arc<Health>) -> Router {
     Router::new()
         .route("/healthz", get(ok))
         .route("/livez", get(ok))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .with_state(health)
+}
+
+/// The `--debug-listen` router: `/debug/skew`.
+pub fn debug_router(health: Arc<Health>) -> Router {
+    Router::new()
         .route("/debug/skew", get(skew))
         .with_state(health)
+}
+
+/// `--debug-listen`: an `IP:PORT` on loopback (`127.0.0.0/8` or `::1`). `/debug/skew` has no
+/// authentication; from another host, reach it through a tunnel to the node.
+pub fn parse_debug_listen(s: &str) -> Result<SocketAddr, FlagError> {
+    let address = parse_socket_address(s)?;
+    if !address.ip().is_loopback() {
+        return Err(FlagError::value(
+            s,
+            "not a loopback address: /debug/skew shows the routing table and the peers without \
+             authentication, so it is served on loopback only (127.0.0.1 or ::1)",
+        ));
+    }
+    Ok(address)
 }
 
 async fn ok() -> &'static str {
@@ -154,17 +185,19 @@ async fn skew(
         .into_response()
 }
 
-/// Serve until `shutdown` completes, then stop accepting and finish in-flight requests.
+/// Serve `router` (`what` names it in the log) until `shutdown` completes, then stop accepting
+/// and finish in-flight requests.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    health: Arc<Health>,
+    router: Router,
+    what: &'static str,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let address = listener
         .local_addr()
         .map_or_else(|_| "unknown".to_string(), |a| a.to_string());
-    tracing::info!(%address, "health and metrics server listening");
-    axum::serve(listener, router(health))
+    tracing::info!(%address, "{what} server listening");
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
 }
@@ -226,6 +259,7 @@ mod tests {
             envoy_admin: None,
             skew: Box::new(|all| serde_json::json!({ "complete": all })),
         });
+        let debug = debug_router(health.clone());
         let router = router(health);
         assert_eq!(get(&router, "/healthz").await.0, StatusCode::OK);
         let (status, body, _) = get(&router, "/readyz").await;
@@ -245,23 +279,85 @@ mod tests {
         assert!(ct
             .unwrap_or_default()
             .starts_with("text/plain; version=0.0.4"));
-        let (_, body, ct) = get(&router, "/debug/skew").await;
+        // /debug/skew is on its own listener, never beside /metrics: a port opened to a
+        // scraper does not show the routing table.
+        for path in ["/debug/skew", "/debug/skew?all=true"] {
+            assert_eq!(get(&router, path).await.0, StatusCode::NOT_FOUND, "{path}");
+        }
+        for path in ["/healthz", "/readyz", "/metrics"] {
+            assert_eq!(get(&debug, path).await.0, StatusCode::NOT_FOUND, "{path}");
+        }
+        let (_, body, ct) = get(&debug, "/debug/skew").await;
         assert_eq!(ct.as_deref(), Some("application/json"));
         assert!(body.contains("\"complete\": false"), "{body}");
-        let (_, body, _) = get(&router, "/debug/skew?all=true").await;
+        let (_, body, _) = get(&debug, "/debug/skew?all=true").await;
         assert!(body.contains("\"complete\": true"), "{body}");
         // curl's `*/*` and a script's `application/json`: the JSON, as before.
         for accept in ["*/*", "application/json"] {
-            let (_, body, ct) = get_accepting(&router, "/debug/skew", Some(accept)).await;
+            let (_, body, ct) = get_accepting(&debug, "/debug/skew", Some(accept)).await;
             assert_eq!(ct.as_deref(), Some("application/json"), "{accept}");
             assert!(body.contains("\"complete\": false"), "{body}");
         }
         // A browser: the same document as a page.
         let browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
-        let (status, body, ct) = get_accepting(&router, "/debug/skew", Some(browser)).await;
+        let (status, body, ct) = get_accepting(&debug, "/debug/skew", Some(browser)).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(ct.as_deref(), Some("text/html; charset=utf-8"));
         assert!(body.starts_with("<!DOCTYPE html>"), "{body}");
         assert_eq!(get(&router, "/nope").await.0, StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn debug_listen_is_loopback_only() {
+        for ok in ["127.0.0.1:18002", "127.9.9.9:1", "[::1]:18002"] {
+            assert!(parse_debug_listen(ok).is_ok(), "{ok}");
+        }
+        for refused in [
+            "0.0.0.0:18002",
+            "[::]:18002",
+            "10.0.0.11:18002",
+            "[fd00::1]:18002",
+            "localhost:18002",
+            "127.0.0.1",
+            "",
+        ] {
+            assert!(parse_debug_listen(refused).is_err(), "{refused}");
+        }
+    }
+
+    /// The exposition is bounded: Envoy's text is read up to the admin client's limit (8 MiB),
+    /// and an answer past it is left out (`skewgate_envoy_stats_up 0`), never passed on.
+    #[tokio::test]
+    async fn an_oversized_envoy_answer_is_left_out_of_metrics() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("admin.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
+        let body = "wasmcustom_x 1\n".repeat((9 << 20) / 15);
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut buf).await.expect("read");
+                head.extend_from_slice(buf.get(..n).expect("n"));
+            }
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(reply.as_bytes()).await;
+        });
+        let health = Arc::new(Health {
+            ready: Box::new(|| Ok(Vec::new())),
+            metrics: Box::new(Families::new),
+            envoy_admin: Some(LocalChannel::Unix(socket)),
+            skew: Box::new(|_| serde_json::json!({})),
+        });
+        let (status, body, _) = get(&router(health), "/metrics").await;
+        server.abort();
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("\nskewgate_envoy_stats_up 0\n"), "{body}");
+        assert!(body.len() < 4096, "{} bytes", body.len());
     }
 }

@@ -99,6 +99,10 @@ pub struct PeerEntry {
 /// documents, e.g. different versions) are grouped by URL; the URL most peers list wins, and
 /// among equals the smallest, so the choice is deterministic. Only the peers of that URL
 /// serve its requests: the hash in it is theirs.
+///
+/// At most [`MAX_ENTRIES`], the first in path order: each root is held to that many, but
+/// several peers together could list more, and the filter refuses a configuration with more
+/// (a NACK, which would freeze routing).
 pub fn peer_entries(
     local: &ServedApis,
     shared_storage: &BTreeSet<GroupVersion>,
@@ -140,6 +144,7 @@ pub fn peer_entries(
                 },
             ))
         })
+        .take(MAX_ENTRIES)
         .collect()
 }
 
@@ -269,5 +274,61 @@ mod tests {
             });
             assert_eq!(got, want, "case {i}");
         }
+    }
+
+    #[test]
+    fn peers_together_never_list_more_than_the_filter_accepts() {
+        // Two peers, each within the limit on its own, serving and listing different
+        // group-versions: more than MAX_ENTRIES together.
+        let per_peer = MAX_ENTRIES * 3 / 4;
+        let peer = |prefix: &str| {
+            let groups: Vec<serde_json::Value> = (0..per_peer)
+                .map(|i| {
+                    serde_json::json!({
+                        "metadata": {"name": format!("{prefix}{i:04}.example.com")},
+                        "versions": [{"version": "v1", "resources": [{"resource": "widgets"}]}]
+                    })
+                })
+                .collect();
+            let list: crate::discovery::APIGroupDiscoveryList = serde_json::from_value(
+                serde_json::json!({"kind": "APIGroupDiscoveryList", "items": groups}),
+            )
+            .unwrap();
+            let paths = (0..per_peer)
+                .map(|i| {
+                    let path = format!("apis/{prefix}{i:04}.example.com/v1");
+                    let url = format!("/openapi/v3/{path}?hash=A");
+                    (path, url)
+                })
+                .collect();
+            (
+                ServedApis::from_aggregated(&list).unwrap(),
+                OpenApiRoot { paths },
+            )
+        };
+        let (b, c) = (peer("b"), peer("c"));
+        let local = documents("k8s-1.30").served().unwrap();
+        let got = peer_entries(
+            &local,
+            &BTreeSet::new(),
+            &[
+                PeerRoot {
+                    id: "b",
+                    served: &b.0,
+                    root: Some(&b.1),
+                },
+                PeerRoot {
+                    id: "c",
+                    served: &c.0,
+                    root: Some(&c.1),
+                },
+            ],
+        );
+        assert_eq!(got.len(), MAX_ENTRIES);
+        // The first in path order: all of b's, then c's.
+        assert!(got.contains_key("apis/b0000.example.com/v1"));
+        assert!(got.contains_key(&format!("apis/b{:04}.example.com/v1", per_peer - 1)));
+        assert!(got.contains_key("apis/c0000.example.com/v1"));
+        assert!(!got.contains_key(&format!("apis/c{:04}.example.com/v1", per_peer - 1)));
     }
 }

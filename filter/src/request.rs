@@ -226,6 +226,13 @@ impl<H: Host> Request<H> {
                 }
                 return Ok(());
             }
+            ResponseDecision::Rewrite(headers) => {
+                if let Some(counter) = self.response.rerouted(&self.config.compiled, code) {
+                    count(&mut self.host, &self.config, counter);
+                }
+                apply(&mut self.host, Headers::Response, &headers)?;
+                return Ok(());
+            }
             ResponseDecision::Replace(replacement) => replacement,
             ResponseDecision::AddOpenApiEntries(headers) => {
                 apply(&mut self.host, Headers::Response, &headers)?;
@@ -321,9 +328,10 @@ impl<H: Host> Request<H> {
 
 impl<H: Host> Request<H> {
     /// The one body the filter buffers: the local `/openapi/v3` answer (a few KiB), held until
-    /// it is complete, then sent with the peer-only entries added. Past
-    /// [`openapi::MAX_ROOT_BYTES`] it is released unchanged, long before Envoy's buffer limit;
-    /// an answer that is not a root stands too (docs/ARCHITECTURE.md "OpenAPI v3").
+    /// it is complete, then sent with the peer-only entries added, at most
+    /// [`openapi::MAX_UNION_BYTES`]. Past [`openapi::MAX_ROOT_BYTES`] it is released
+    /// unchanged, long before Envoy's buffer limit; an answer that is not a root stands too
+    /// (docs/ARCHITECTURE.md "OpenAPI v3").
     fn add_openapi_entries(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if body_size > openapi::MAX_ROOT_BYTES {
             self.openapi_root = false;
@@ -353,7 +361,18 @@ impl<H: Host> Request<H> {
         };
         match openapi::union_root(&local, &self.config.compiled.openapi) {
             Ok(union) => {
-                if let Err(e) = self.host.replace_response_body(body_size, &union) {
+                if union.left_out > 0 {
+                    self.host.log(
+                        log::Level::Warn,
+                        format_args!(
+                            "skewgate: {} peer-only OpenAPI entries left out of /openapi/v3 to \
+                             keep it under {} bytes",
+                            union.left_out,
+                            openapi::MAX_UNION_BYTES
+                        ),
+                    );
+                }
+                if let Err(e) = self.host.replace_response_body(body_size, &union.body) {
                     self.host.log(
                         log::Level::Error,
                         format_args!("skewgate: replacing the /openapi/v3 answer failed: {e:?}"),

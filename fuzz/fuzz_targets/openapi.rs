@@ -4,7 +4,9 @@
 //! Input: any bytes, used as both. Asserts, beyond "never panics":
 //! * every entry `parse` keeps passes `validate_entry`: its URL is its own path's document;
 //! * `union_root` of an accepted local body is JSON whose `paths` keep every local entry as it
-//!   was and add the configured peer entry only where the local body has none.
+//!   was and add the configured peer entry only where the local body has none;
+//! * the union is no longer than the local body and the entry added (`union_root`'s size
+//!   bound, which keeps it under `MAX_UNION_BYTES`).
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -13,7 +15,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::value::RawValue;
 use skewgate_control::openapi::OpenApiRoot;
 use skewgate_core::config::OpenApiPeerEntry;
-use skewgate_core::openapi::{union_root, validate_entry, OpenApiUnion};
+use skewgate_core::openapi::{union_root, validate_entry, OpenApiUnion, MAX_UNION_BYTES};
 
 const PEER: &str = "apis/coordination.k8s.io/v1beta1";
 const PEER_URL: &str = "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=AB";
@@ -34,6 +36,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(out) = union_root(data, &union) else {
         return;
     };
+    assert_eq!(out.left_out, 0);
+    let entry = format!(r#""{PEER}":{{"serverRelativeURL":"{PEER_URL}"}},"#);
+    assert!(out.body.len() <= data.len() + entry.len() && out.body.len() <= MAX_UNION_BYTES);
+    let out = out.body;
     // Compared as raw JSON text, not as serde_json::Value: a number beyond f64 (`1E400`) is
     // valid JSON that the union passes through unchanged, and Value cannot hold it.
     let raw_map = |text: &[u8], what: &str| -> BTreeMap<String, Box<RawValue>> {

@@ -90,6 +90,8 @@ fn control_bin() -> Result<PathBuf> {
 struct Control {
     args: Vec<OsString>,
     health: Address,
+    /// `--debug-listen`: `/debug/skew`.
+    debug: Address,
     /// `--socket-dir`: the xDS socket and Envoy's admin socket (the default local channels).
     socket_dir: PathBuf,
     /// `--state-dir`, always given: its default is the host's /var/lib/skewgate. Envoy's
@@ -141,6 +143,7 @@ impl Control {
 
     fn with_args(local: &SimApiserver, dir: &Path, extra: Vec<String>) -> Result<Self> {
         let health = free_port()?;
+        let debug = free_port()?;
         let socket_dir = extra
             .iter()
             .find_map(|a| a.strip_prefix("--socket-dir="))
@@ -162,6 +165,7 @@ impl Control {
             args.push(format!("--state-dir={}", state_dir.display()).into());
         }
         args.push(format!("--health-listen=127.0.0.1:{health}").into());
+        args.push(format!("--debug-listen=127.0.0.1:{debug}").into());
         args.push(format!("--wasm={}", wasm_path()?.display()).into());
         args.push("--initial-sync-timeout=20s".into());
         args.push("--discovery-timeout=3s".into());
@@ -173,6 +177,7 @@ impl Control {
         Ok(Control {
             args,
             health: Address::parse(&format!("127.0.0.1:{health}"))?,
+            debug: Address::parse(&format!("127.0.0.1:{debug}"))?,
             socket_dir,
             state_dir,
             log_path: dir.join("skewgate-control.log"),
@@ -246,10 +251,14 @@ impl Control {
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
+    /// GET on the health port (`/healthz`, `/readyz`, `/metrics`).
     async fn get(&self, path: &str) -> Result<(u16, String)> {
-        let url = format!("http://{}:{}{path}", self.health.host, self.health.port);
-        let resp = client().get(url).send().await?;
-        Ok((resp.status().as_u16(), resp.text().await?))
+        get_at(&self.health, path).await
+    }
+
+    /// GET on the debug port (`/debug/skew`).
+    async fn get_debug(&self, path: &str) -> Result<(u16, String)> {
+        get_at(&self.debug, path).await
     }
 
     async fn ready(&self) -> bool {
@@ -268,9 +277,15 @@ impl Control {
     }
 
     async fn skew(&self) -> Result<serde_json::Value> {
-        let (_, text) = self.get("/debug/skew").await?;
+        let (_, text) = self.get_debug("/debug/skew").await?;
         Ok(serde_json::from_str(&text)?)
     }
+}
+
+async fn get_at(address: &Address, path: &str) -> Result<(u16, String)> {
+    let url = format!("http://{}:{}{path}", address.host, address.port);
+    let resp = client().get(url).send().await?;
+    Ok((resp.status().as_u16(), resp.text().await?))
 }
 
 /// Who serves `resource` of `group/version`, according to the control plane's skew matrix
@@ -895,6 +910,134 @@ async fn kubectl_explains_and_applies_a_kind_only_a_peer_serves() -> Result<()> 
             "{args:?}: {err}"
         );
     }
+    Ok(())
+}
+
+/// Files under `dir` (recursively) whose bytes contain `needle`.
+fn files_containing(dir: &Path, needle: &[u8]) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    if !dir.exists() {
+        return Ok(found);
+    }
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            found.extend(files_containing(&path, needle)?);
+        } else if std::fs::read(&path)?
+            .windows(needle.len())
+            .any(|w| w == needle)
+        {
+            found.push(path);
+        }
+    }
+    Ok(found)
+}
+
+/// Issue 18: a peer's OpenAPI v3 document whose `?hash=` does not name it (a peer that lies,
+/// `--openapi-wrong-documents`) must not reach kubectl cacheable. kube-openapi sends a document
+/// fetched by its hash as `public, immutable`, `Expires` a year ahead, and kubectl keeps it
+/// that long in its disk cache under that URL, which later is the local apiserver's. Through
+/// Envoy the peer's answer is `no-store`, without `Expires`, `ETag` or `Last-Modified`; real
+/// kubectl reads it (explain works) and keeps nothing of it, while it does keep the local
+/// apiserver's documents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_openapi_document_never_reaches_kubectl_cacheable() -> Result<()> {
+    use sha2::{Digest, Sha512};
+    const MARKER: &str = "x-sim-not-the-document-of-this-hash";
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let mut liar = shared("apiserver-b", "k8s-1.33", &etcd);
+    liar.extra_args.push("--openapi-wrong-documents".into());
+    let b = SimApiserver::start_with(liar).await?;
+    let mut control = Control::new(&a, dir.path(), &[])?;
+    let envoy = start_routed_to_b(&mut control).await?;
+
+    let peer_root = json_at(&format!("{}/openapi/v3", b.url())).await?;
+    let doc_url = peer_root["paths"][LEASE_CANDIDATES]["serverRelativeURL"]
+        .as_str()
+        .context("serverRelativeURL")?
+        .to_string();
+    let listed_hash = doc_url.rsplit_once("?hash=").context("hash")?.1.to_string();
+    eventually(
+        "/openapi/v3 through Envoy lists the peer's coordination.k8s.io/v1beta1",
+        Duration::from_secs(30),
+        || async {
+            let root = json_at(&url(&envoy, "/openapi/v3")).await?;
+            Ok(
+                (root["paths"][LEASE_CANDIDATES]["serverRelativeURL"] == doc_url.as_str())
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+    .with_context(|| format!("control plane log:\n{}", control.log()))?;
+
+    // What the peer itself sends: a document that is not the one its hash names, cacheable
+    // for a year.
+    let direct = client().get(format!("{}{doc_url}", b.url())).send().await?;
+    assert_eq!(direct.status(), 200);
+    assert_eq!(header(&direct, "cache-control"), "public, immutable");
+    assert!(!header(&direct, "expires").is_empty());
+    let body = direct.bytes().await?;
+    let body_hash: String = Sha512::digest(&body)
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect();
+    assert_ne!(body_hash, listed_hash, "the peer lies");
+
+    // Through Envoy: the same body, from the peer, never cacheable.
+    let resp = client().get(url(&envoy, &doc_url)).send().await?;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-sim-apiserver"), "apiserver-b");
+    assert_eq!(header(&resp, "cache-control"), "no-store");
+    for name in ["expires", "etag", "last-modified"] {
+        assert_eq!(header(&resp, name), "", "{name}");
+    }
+    assert_eq!(resp.bytes().await?, body);
+
+    // Real kubectl, with its disk cache: it reads the peer's document (explain works) and
+    // keeps none of it; a document of the local apiserver's (read to validate a Lease) it
+    // keeps, so the cache is in use.
+    let kubeconfig = envoy.kubeconfig()?;
+    let http_cache = kubeconfig.with_extension("cache").join("http");
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &[
+            "explain",
+            "leasecandidates",
+            "--api-version=coordination.k8s.io/v1beta1",
+        ],
+    )
+    .await?;
+    assert!(
+        ok && out.contains("LeaseCandidate defines a candidate for a Lease object"),
+        "kubectl explain: {out} {err}"
+    );
+    let lease = dir.path().join("lease.yaml");
+    std::fs::write(
+        &lease,
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: l1\n  namespace: default\n",
+    )?;
+    let lease_arg = lease.display().to_string();
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &["create", "--dry-run=client", "-f", &lease_arg],
+    )
+    .await?;
+    assert!(ok, "kubectl create --dry-run=client: {out} {err}");
+    let local_doc = b"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}";
+    assert!(
+        !files_containing(&http_cache, local_doc)?.is_empty(),
+        "kubectl's disk cache holds the local apiserver's document ({})",
+        http_cache.display()
+    );
+    assert_eq!(
+        files_containing(&http_cache, MARKER.as_bytes())?,
+        Vec::<PathBuf>::new(),
+        "kubectl's disk cache holds the peer's document"
+    );
     Ok(())
 }
 
@@ -2918,7 +3061,7 @@ async fn the_skew_page_shows_the_matrix_in_a_real_browser() -> Result<()> {
     .with_context(|| control.log())?;
     let page = format!(
         "http://{}:{}/debug/skew",
-        control.health.host, control.health.port
+        control.debug.host, control.debug.port
     );
     let artefacts = skewgate_tests::test_artefacts_dir()?;
 
@@ -2953,12 +3096,15 @@ async fn the_skew_page_shows_the_matrix_in_a_real_browser() -> Result<()> {
         "{dom}"
     );
     // curl (Accept: */*) still gets the JSON.
-    let (status, json) = control.get("/debug/skew").await?;
+    let (status, json) = control.get_debug("/debug/skew").await?;
     assert_eq!(status, 200);
     assert!(
         serde_json::from_str::<serde_json::Value>(&json).is_ok(),
         "{json}"
     );
+    // Only on the debug port: the port Prometheus scrapes does not show it.
+    assert_eq!(control.get("/debug/skew").await?.0, 404);
+    assert_eq!(control.get("/metrics").await?.0, 200);
 
     // b, the only 1.33, crashes: after the grace its API is retained, and the page says so.
     let b_lease = b.lease_name();

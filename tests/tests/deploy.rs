@@ -125,6 +125,11 @@ fn run_accepts_its_args() -> Result<()> {
         "the static pod probes /readyz on 127.0.0.1:18001"
     );
     assert_eq!(
+        config.debug_listen.map(|a| a.to_string()).as_deref(),
+        Some("127.0.0.1:18002"),
+        "the compose suites and the README read /debug/skew on 127.0.0.1:18002"
+    );
+    assert_eq!(
         config.wasm,
         Path::new("/usr/lib/skewgate/skewgate_filter.wasm"),
         "deploy/image/build puts the filter there"

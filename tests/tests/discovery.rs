@@ -3,13 +3,14 @@
 //! apiserver is behind Envoy with a 1.33 peer; the expected unions are computed here, straight
 //! from the fixture files, independently of skewgate's merge code.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde_json::Value;
 use skewgate_tests::{
-    fixture, kubectl, kubectl_1_20_bin, kubectl_with, mixed_cluster, Envoy, SimApiserver,
+    fixture, kubectl, kubectl_1_20_bin, kubectl_with, mixed_cluster, Envoy, EnvoyOptions, PeerSpec,
+    SimApiserver,
 };
 
 const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
@@ -302,6 +303,101 @@ async fn a_merged_document_over_envoys_buffer_limit_is_served_whole() -> Result<
         .await?;
     assert_eq!(resp.headers()["content-encoding"], "gzip");
     assert!(resp.bytes().await?.len() < 1 << 20);
+    assert!(!envoy.log().contains("panicked"), "{}", envoy.log());
+    Ok(())
+}
+
+/// Issue 18: the `/openapi/v3` union is the one body the filter buffers, and it replaces the
+/// buffered local root, so it must stay below Envoy's buffer limit (1 MiB) whatever the
+/// configuration: here the control plane's limit of 4096 peer-only entries, each with the
+/// longest URL allowed (about 5 MiB of entries). Through real Envoy, over HTTP/1.1 and HTTP/2,
+/// the union is valid JSON of at most `MAX_UNION_BYTES`, keeps every local entry and adds the
+/// peer entries that fit, in path order; Envoy keeps serving.
+#[tokio::test]
+async fn the_openapi_union_at_the_entry_limit_stays_under_envoys_buffer_limit() -> Result<()> {
+    use skewgate_control::discovery::APIGroupDiscovery;
+    use skewgate_control::openapi::OpenApiRoot;
+    use skewgate_core::openapi::{MAX_ENTRIES, MAX_UNION_BYTES, MAX_URL};
+
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
+    // The peer serves 4096 more group-versions and lists each in its `/openapi/v3`.
+    let mut peer = PeerSpec::of(&b)?;
+    let mut paths = BTreeMap::new();
+    for i in 0..MAX_ENTRIES {
+        let group = format!("g{i:04}.example.com");
+        peer.documents
+            .apis
+            .items
+            .push(serde_json::from_value::<APIGroupDiscovery>(
+                serde_json::json!({
+                    "metadata": {"name": group},
+                    "versions": [{"version": "v1", "freshness": "Current", "resources": [{
+                        "resource": "widgets", "scope": "Namespaced", "singularResource": "widget",
+                        "responseKind": {"group": group, "version": "v1", "kind": "Widget"},
+                        "verbs": ["get", "list"]}]}]
+                }),
+            )?);
+        let path = format!("apis/{group}/v1");
+        let url = format!("/openapi/v3/{path}?hash=");
+        let hash = "A".repeat(MAX_URL - url.len());
+        paths.insert(path, format!("{url}{hash}"));
+    }
+    peer.documents.openapi = Some(OpenApiRoot { paths });
+    let envoy = Envoy::start_with(&a, vec![peer], EnvoyOptions::default()).await?;
+    let entries = &envoy.plan.as_ref().context("plan")?.config.openapi_v3;
+    assert_eq!(entries.len(), MAX_ENTRIES);
+
+    let local: Value = reqwest::get(format!("{}/openapi/v3", a.url()))
+        .await?
+        .json()
+        .await?;
+    let local_paths = local["paths"].as_object().context("local paths")?;
+    for http2 in [false, true] {
+        let client = if http2 {
+            reqwest::Client::builder().http2_prior_knowledge().build()?
+        } else {
+            reqwest::Client::builder().http1_only().build()?
+        };
+        let resp = client
+            .get(format!("{}/openapi/v3", envoy.url()))
+            .send()
+            .await?;
+        assert_eq!(resp.status(), 200, "http2={http2}: {}", envoy.log());
+        let body = resp.bytes().await?;
+        assert!(
+            body.len() <= MAX_UNION_BYTES,
+            "http2={http2}: {} bytes",
+            body.len()
+        );
+        let union: Value = serde_json::from_slice(&body)?;
+        let paths = union["paths"].as_object().context("paths")?;
+        for (path, entry) in local_paths {
+            assert_eq!(paths.get(path), Some(entry), "http2={http2}: {path}");
+        }
+        let added: Vec<&String> = paths
+            .keys()
+            .filter(|p| !local_paths.contains_key(*p))
+            .collect();
+        assert!(
+            !added.is_empty() && added.len() < MAX_ENTRIES,
+            "http2={http2}: {} peer entries",
+            added.len()
+        );
+        let first: Vec<&String> = entries.keys().take(added.len()).collect();
+        assert_eq!(
+            added, first,
+            "http2={http2}: the first entries in path order"
+        );
+        for path in &added {
+            assert_eq!(
+                paths[path.as_str()]["serverRelativeURL"],
+                entries[path.as_str()].server_relative_url.as_str()
+            );
+        }
+    }
+    let version = reqwest::get(format!("{}/version", envoy.url())).await?;
+    assert_eq!(version.status(), 200, "{}", envoy.log());
     assert!(!envoy.log().contains("panicked"), "{}", envoy.log());
     Ok(())
 }

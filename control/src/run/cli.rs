@@ -155,6 +155,14 @@ async fn run_async(config: RunConfig) -> Result<()> {
     let health_listener = tokio::net::TcpListener::bind(config.health_listen)
         .await
         .with_context(|| format!("--health-listen {}", config.health_listen))?;
+    let debug_listener = match config.debug_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("--debug-listen {address}"))?,
+        ),
+        None => None,
+    };
 
     let client = peers::client_from_kubeconfig(config.kubeconfig.as_deref())
         .await
@@ -207,11 +215,31 @@ async fn run_async(config: RunConfig) -> Result<()> {
             skew: Box::new(move |all| s2.skew_json(all)),
         })
     };
-    let mut health_task = tokio::spawn(health::serve(
-        health_listener,
-        health,
-        wait_true(shutdown_rx.clone()),
-    ));
+    // One task for both listeners: either stopping is a failure.
+    let mut health_task = {
+        let serve_health = health::serve(
+            health_listener,
+            health::router(health.clone()),
+            "health and metrics",
+            wait_true(shutdown_rx.clone()),
+        );
+        let debug_shutdown = wait_true(shutdown_rx.clone());
+        let serve_debug = async move {
+            match debug_listener {
+                Some(listener) => {
+                    health::serve(
+                        listener,
+                        health::debug_router(health),
+                        "debug (/debug/skew)",
+                        debug_shutdown,
+                    )
+                    .await
+                }
+                None => Ok(()),
+            }
+        };
+        tokio::spawn(async move { tokio::try_join!(serve_health, serve_debug).map(|_| ()) })
+    };
     let mut xds_task = tokio::spawn(xds::serve(
         xds_listener,
         snapshots,
@@ -242,7 +270,7 @@ async fn run_async(config: RunConfig) -> Result<()> {
         _ = term.recv() => { info!(signal = "SIGTERM", "shutting down"); None }
         _ = int.recv() => { info!(signal = "SIGINT", "shutting down"); None }
         r = &mut xds_task => Some(format!("the xDS server stopped: {r:?}")),
-        r = &mut health_task => Some(format!("the health server stopped: {r:?}")),
+        r = &mut health_task => Some(format!("the health or debug server stopped: {r:?}")),
     };
     // Stop accepting, end the xDS streams (Envoy keeps serving with what it holds and
     // reconnects to whoever listens next), stop the watches.

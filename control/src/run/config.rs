@@ -81,9 +81,13 @@ pub struct RunArgs {
     /// `skewgate-control bootstrap` was given.
     #[command(flatten)]
     pub channels: LocalChannelFlags,
-    /// Where to serve /healthz, /readyz, /metrics and /debug/skew.
+    /// Where to serve /healthz, /readyz and /metrics.
     #[arg(long, default_value = "127.0.0.1:18001", value_parser = parse_socket_address, value_name = "IP:PORT")]
     pub health_listen: SocketAddr,
+    /// Where to serve /debug/skew (the routing table, the peers, their last errors; no
+    /// authentication): a loopback address only. Off without it.
+    #[arg(long, value_parser = crate::health::parse_debug_listen, value_name = "IP:PORT")]
+    pub debug_listen: Option<SocketAddr>,
     /// skewgate_filter.wasm as Envoy sees it (absolute path).
     #[arg(long, value_name = "PATH")]
     pub wasm: PathBuf,
@@ -130,6 +134,8 @@ pub struct RunConfig {
     /// Envoy's admin interface and the xDS server.
     pub local_channels: LocalChannels,
     pub health_listen: SocketAddr,
+    /// `None`: `/debug/skew` is not served.
+    pub debug_listen: Option<SocketAddr>,
     pub wasm: PathBuf,
     pub initial_sync_timeout: Duration,
     pub discovery_refresh_interval: Duration,
@@ -203,6 +209,11 @@ impl RunArgs {
         let sds_dir = sds_dir(self.sds_dir.as_deref(), upstream_tls.is_some())?;
         let local_api = parse_local_url(self.local_apiserver_url.trim(), scheme)?;
         absolute("--wasm", &self.wasm)?;
+        if self.debug_listen == Some(self.health_listen) {
+            return Err(FlagError::Combination(
+                "--debug-listen and --health-listen must differ (two listeners, so /metrics can be exposed without /debug/skew)".into(),
+            ));
+        }
         if self.initial_sync_timeout.is_zero()
             || self.discovery_refresh_interval.is_zero()
             || self.discovery_timeout.is_zero()
@@ -225,6 +236,7 @@ impl RunArgs {
             sds_dir,
             local_channels,
             health_listen: self.health_listen,
+            debug_listen: self.debug_listen,
             wasm: self.wasm.clone(),
             initial_sync_timeout: self.initial_sync_timeout,
             discovery_refresh_interval: self.discovery_refresh_interval,
@@ -295,6 +307,18 @@ mod tests {
             c.local_channels,
             LocalChannels::unix(std::path::Path::new("/run/skewgate")).expect("channels")
         );
+        assert_eq!(c.debug_listen, None, "/debug/skew is off by default");
+        for (debug, want) in [
+            ("127.0.0.1:18002", "127.0.0.1:18002"),
+            ("127.1.2.3:9", "127.1.2.3:9"),
+            ("[::1]:18002", "[::1]:18002"),
+        ] {
+            let c = args(&[], &[&format!("--debug-listen={debug}")])
+                .expect("parses")
+                .validate()
+                .expect("valid");
+            assert_eq!(c.debug_listen, Some(want.parse().expect("address")));
+        }
         let c = args(&[], &["--max-peers=5", "--holder-refetch-interval=1m"])
             .expect("parses")
             .validate()
@@ -379,6 +403,34 @@ mod tests {
                 "TCP without the opt-out",
                 vec![],
                 vec!["--xds-address=127.0.0.1:18000"],
+            ),
+            (
+                "/debug/skew off loopback",
+                vec![],
+                vec!["--debug-listen=0.0.0.0:18002"],
+            ),
+            (
+                "/debug/skew on another host's address",
+                vec![],
+                vec!["--debug-listen=10.0.0.1:18002"],
+            ),
+            (
+                "/debug/skew on any IPv6",
+                vec![],
+                vec!["--debug-listen=[::]:18002"],
+            ),
+            (
+                "/debug/skew by name",
+                vec![],
+                vec!["--debug-listen=localhost:18002"],
+            ),
+            (
+                "/debug/skew on the health port",
+                vec!["health-listen"],
+                vec![
+                    "--health-listen=127.0.0.1:18001",
+                    "--debug-listen=127.0.0.1:18001",
+                ],
             ),
         ];
         for (what, drop, add) in bad {

@@ -30,6 +30,12 @@ pub const DOCUMENT_PREFIX: &str = "/openapi/v3/";
 /// bytes per group-version (about 12 KiB for 1.33), and Envoy's buffer limit (1 MiB by default)
 /// must never be reached while the filter holds the body. A larger answer passes unchanged.
 pub const MAX_ROOT_BYTES: usize = 512 * 1024;
+/// The union the filter sends in place of the buffered local root, at most: it replaces the
+/// buffered body, so it must stay below Envoy's buffer limit too (1 MiB by default; past it
+/// Envoy resets the stream from inside the host call). [`MAX_ENTRIES`] entries with URLs of
+/// [`MAX_URL`] bytes would be about 5 MiB; the entries that do not fit, in path order, are
+/// left out of the union (their documents are still routed to the peers).
+pub const MAX_UNION_BYTES: usize = 896 * 1024;
 /// Peer-only entries in one configuration, at most.
 pub const MAX_ENTRIES: usize = 4096;
 /// Longest `serverRelativeURL` accepted (kube's: the path and a 128-hex-digit hash).
@@ -135,6 +141,14 @@ struct Entry {
     cluster: String,
 }
 
+impl Entry {
+    /// What adding it to `paths` adds to the serialised root, at most: `"<path>":<json>,`
+    /// (a valid path needs no escaping).
+    fn added_bytes(&self, path: &str) -> usize {
+        path.len() + self.json.get().len() + 4
+    }
+}
+
 /// The peer-only entries of one configuration, compiled for request time.
 #[derive(Debug, Default)]
 pub struct OpenApiUnion {
@@ -207,12 +221,24 @@ impl OpenApiUnion {
     }
 }
 
+/// The union [`union_root`] made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnionRoot {
+    /// At most [`MAX_UNION_BYTES`].
+    pub body: Vec<u8>,
+    /// Peer-only entries left out because the union would have been larger.
+    pub left_out: usize,
+}
+
 /// Why the local root stands unchanged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RootError {
     TooLarge(usize),
     NotARoot(String),
     Serialise(String),
+    /// The union came out larger than [`MAX_UNION_BYTES`] (it cannot: the bound is checked
+    /// as entries are added; kept so the cap holds whatever serde does).
+    UnionTooLarge(usize),
 }
 
 impl fmt::Display for RootError {
@@ -227,6 +253,10 @@ impl fmt::Display for RootError {
                 "the local /openapi/v3 answer is not a JSON object with a \"paths\" object: {e}"
             ),
             RootError::Serialise(e) => write!(f, "serialising the union failed: {e}"),
+            RootError::UnionTooLarge(n) => write!(
+                f,
+                "the /openapi/v3 union is {n} bytes, more than the {MAX_UNION_BYTES} sent"
+            ),
         }
     }
 }
@@ -234,7 +264,12 @@ impl fmt::Display for RootError {
 /// The local apiserver's root with the peer-only entries added. The local entries stay the
 /// local apiserver's own (their hashes are always fresh), so is every other field; a path the
 /// local answer lists already keeps the local entry. Keys come out sorted, as kube writes them.
-pub fn union_root(local: &[u8], union: &OpenApiUnion) -> Result<Vec<u8>, RootError> {
+///
+/// The union is at most [`MAX_UNION_BYTES`]: re-serialised, the local root is no longer than
+/// it came (whitespace goes, escapes stay or shrink, raw values are copied), and each entry
+/// adds at most [`Entry::added_bytes`]; entries that would pass the cap are left out, in path
+/// order, and counted. Nothing larger is ever built.
+pub fn union_root(local: &[u8], union: &OpenApiUnion) -> Result<UnionRoot, RootError> {
     if local.len() > MAX_ROOT_BYTES {
         return Err(RootError::TooLarge(local.len()));
     }
@@ -245,13 +280,28 @@ pub fn union_root(local: &[u8], union: &OpenApiUnion) -> Result<Vec<u8>, RootErr
             .map_err(|e| RootError::NotARoot(format!("paths: {e}")))?,
         None => return Err(RootError::NotARoot("no paths".to_string())),
     };
+    let mut size = local.len();
+    let mut left_out = 0;
     for (path, entry) in &union.entries {
-        paths.entry(path.clone()).or_insert(&entry.json);
+        if paths.contains_key(path) {
+            continue;
+        }
+        let added = entry.added_bytes(path);
+        if size.saturating_add(added) > MAX_UNION_BYTES {
+            left_out += 1;
+            continue;
+        }
+        size += added;
+        paths.insert(path.clone(), &entry.json);
     }
     let paths =
         serde_json::value::to_raw_value(&paths).map_err(|e| RootError::Serialise(e.to_string()))?;
     root.insert("paths".to_string(), paths);
-    serde_json::to_vec(&root).map_err(|e| RootError::Serialise(e.to_string()))
+    let body = serde_json::to_vec(&root).map_err(|e| RootError::Serialise(e.to_string()))?;
+    if body.len() > MAX_UNION_BYTES {
+        return Err(RootError::UnionTooLarge(body.len()));
+    }
+    Ok(UnionRoot { body, left_out })
 }
 
 #[cfg(test)]
@@ -394,16 +444,100 @@ mod tests {
     fn union_adds_peer_entries_and_keeps_local_ones() {
         let local = br#"{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=L1"},"apis/coordination.k8s.io/v1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1?hash=L2"}}}"#;
         let out = union_root(local, &union()).unwrap();
+        assert_eq!(out.left_out, 0);
         assert_eq!(
-            std::str::from_utf8(&out).unwrap(),
+            std::str::from_utf8(&out.body).unwrap(),
             r#"{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=L1"},"apis/coordination.k8s.io/v1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1?hash=L2"},"apis/coordination.k8s.io/v1beta1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=ABC123"}}}"#
         );
         // The local apiserver serves it after all: its own entry wins.
         let local = br#"{"paths":{"apis/coordination.k8s.io/v1beta1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=MINE"}},"x":1}"#;
         let out = union_root(local, &union()).unwrap();
         assert_eq!(
-            std::str::from_utf8(&out).unwrap(),
+            std::str::from_utf8(&out.body).unwrap(),
             r#"{"paths":{"apis/coordination.k8s.io/v1beta1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=MINE"}},"x":1}"#
+        );
+    }
+
+    /// [`MAX_ENTRIES`] entries with groups of 206 characters, their URLs [`MAX_URL`] long
+    /// (`longest`) or with kube's 128-digit hash.
+    fn entries_at_the_limit(longest: bool) -> OpenApiUnion {
+        let entries: BTreeMap<String, OpenApiPeerEntry> = (0..MAX_ENTRIES)
+            .map(|i| {
+                let path = format!("apis/g{i:04}.{}/v1", "x".repeat(200));
+                let url = format!("/openapi/v3/{path}?hash=");
+                let hash = "A".repeat(if longest { MAX_URL - url.len() } else { 128 });
+                (
+                    path,
+                    entry(&format!("{url}{hash}"), "skewgate-peers-0123456789ab"),
+                )
+            })
+            .collect();
+        let union = OpenApiUnion::compile(&entries);
+        assert_eq!(union.entries.len(), MAX_ENTRIES, "every entry is valid");
+        union
+    }
+
+    /// A local root of `len` bytes with two entries of its own (kube's is about 12 KiB).
+    fn local_root(len: usize) -> Vec<u8> {
+        let head = r#"{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=L1"},"apis/g0000.x/v1":{"serverRelativeURL":"/openapi/v3/apis/g0000.x/v1?hash=L2"}},"pad":""#;
+        let mut root = head.to_string();
+        root.push_str(&"p".repeat(len.saturating_sub(head.len() + 2)));
+        root.push_str("\"}");
+        assert_eq!(root.len(), len);
+        root.into_bytes()
+    }
+
+    #[test]
+    fn the_union_stays_under_envoys_buffer_limit_at_the_entry_limit() {
+        for (what, longest, local_len) in [
+            ("URLs of the longest length allowed", true, 12 * 1024),
+            ("kube's hashes", false, 12 * 1024),
+            ("the largest local root buffered", true, MAX_ROOT_BYTES),
+        ] {
+            let union = entries_at_the_limit(longest);
+            let local = local_root(local_len);
+            let out = union_root(&local, &union).unwrap();
+            assert!(
+                out.body.len() <= MAX_UNION_BYTES,
+                "{what}: {}",
+                out.body.len()
+            );
+            let root: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(&out.body).unwrap();
+            let paths: BTreeMap<String, Box<RawValue>> =
+                serde_json::from_str(root["paths"].get()).unwrap();
+            // The local entries and fields stay; the peer entries that fit are added in path
+            // order, the rest are counted.
+            let local_paths = ["api/v1", "apis/g0000.x/v1"];
+            for path in local_paths {
+                assert!(paths.contains_key(path), "{what}: {path}");
+            }
+            assert!(root.contains_key("pad"), "{what}");
+            let added: Vec<&String> = paths
+                .keys()
+                .filter(|p| !local_paths.contains(&p.as_str()))
+                .collect();
+            assert!(out.left_out > 0, "{what}: everything fit");
+            assert_eq!(added.len() + out.left_out, MAX_ENTRIES, "{what}");
+            let first: Vec<&String> = union.entries.keys().take(added.len()).collect();
+            assert_eq!(added, first, "{what}");
+            // Nearly full: the next entry would not have fit.
+            assert!(
+                out.body.len() + 1300 > MAX_UNION_BYTES,
+                "{what}: {} bytes",
+                out.body.len()
+            );
+        }
+        // Below the cap nothing is left out.
+        let few = OpenApiUnion {
+            entries: entries_at_the_limit(true)
+                .entries
+                .into_iter()
+                .take(100)
+                .collect(),
+        };
+        assert_eq!(
+            union_root(&local_root(12 * 1024), &few).unwrap().left_out,
+            0
         );
     }
 

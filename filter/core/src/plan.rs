@@ -442,6 +442,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
                         },
                         relayed: false,
                     }),
+                    uncacheable: true,
                     ..ResponsePlan::default()
                 },
             }),
@@ -674,7 +675,25 @@ pub struct ResponsePlan {
     pub served: Option<Served>,
     /// `GET /openapi/v3` with peer-only entries to add to a 200 answer.
     pub openapi_root: bool,
+    /// The OpenAPI v3 document of a peer-only group-version: whatever the answer, it reaches
+    /// the client with [`UNCACHEABLE`] (docs/ARCHITECTURE.md "OpenAPI v3", "Caching").
+    pub uncacheable: bool,
 }
+
+/// The response header changes that keep an answer out of every client cache. kube-openapi
+/// sends a document fetched with `?hash=` as `Cache-Control: public, immutable` with `Expires`
+/// a year ahead, and kubectl keeps it that long in its disk cache under that URL, trusting the
+/// hash to name the document. Nothing checks that a peer's document has the hash its URL
+/// names (the filter cannot hold a multi-MB document to hash it), and the same URL is later
+/// the local apiserver's, so a peer's answer is never stored: `no-store`, no `Expires`, and no
+/// `ETag` or `Last-Modified` (with them a cache that kept it anyway would have the local
+/// apiserver confirm it with a 304).
+pub const UNCACHEABLE: [HeaderOp<'static>; 4] = [
+    HeaderOp::Set("cache-control", Cow::Borrowed("no-store")),
+    HeaderOp::Remove("expires"),
+    HeaderOp::Remove("etag"),
+    HeaderOp::Remove("last-modified"),
+];
 
 /// What replaces the response body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -791,6 +810,8 @@ fn discovery_evicted(replacement: Replacement<'_>) -> Replacement<'_> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResponseDecision<'a> {
     Pass,
+    /// The body passes; these response header changes apply.
+    Rewrite(Vec<HeaderOp<'a>>),
     Replace(Replacement<'a>),
     /// The local apiserver's 200 for `/openapi/v3`: apply these header changes now, buffer the
     /// body (at most [`openapi::MAX_ROOT_BYTES`]) and send [`openapi::union_root`] of it.
@@ -844,7 +865,38 @@ impl ResponsePlan {
     /// Status body, and make an unreachable peer a 503. `details` is Envoy's
     /// `response.code_details`, empty when not read; `content_type` the response's, read only
     /// when [`needs_content_type`](Self::needs_content_type).
+    ///
+    /// Every answer to an [`uncacheable`](Self::uncacheable) request, passed or replaced,
+    /// gets [`UNCACHEABLE`] last.
     pub fn decide<'c>(
+        &self,
+        compiled: &'c CompiledConfig,
+        code: u16,
+        details: &str,
+        content_type: Option<&[u8]>,
+    ) -> ResponseDecision<'c> {
+        let decision = self.decide_cacheable(compiled, code, details, content_type);
+        if !self.uncacheable {
+            return decision;
+        }
+        match decision {
+            ResponseDecision::Pass => ResponseDecision::Rewrite(UNCACHEABLE.to_vec()),
+            ResponseDecision::Rewrite(mut headers) => {
+                headers.extend(UNCACHEABLE);
+                ResponseDecision::Rewrite(headers)
+            }
+            ResponseDecision::Replace(mut replacement) => {
+                replacement.headers.extend(UNCACHEABLE);
+                ResponseDecision::Replace(replacement)
+            }
+            ResponseDecision::AddOpenApiEntries(mut headers) => {
+                headers.extend(UNCACHEABLE);
+                ResponseDecision::AddOpenApiEntries(headers)
+            }
+        }
+    }
+
+    fn decide_cacheable<'c>(
         &self,
         compiled: &'c CompiledConfig,
         code: u16,
@@ -1333,6 +1385,7 @@ mod tests {
         let peer = ResponsePlan {
             discovery: None,
             openapi_root: false,
+            uncacheable: false,
             served: Some(Served {
                 by: ServedBy::Peer,
                 target: Target {
@@ -1962,12 +2015,54 @@ mod tests {
                 *want == Want::Root,
                 "{method} {path}"
             );
-            // The peer's answer is a peer's: rerouted counted, its failures a 503.
+            // The peer's answer is a peer's: rerouted counted, its failures a 503, and never
+            // cached by the client.
             assert_eq!(
                 f.response.rerouted(c, 200).is_some(),
                 matches!(want, Want::Peer(_)),
                 "{method} {path}"
             );
+            assert_eq!(
+                f.response.uncacheable,
+                matches!(want, Want::Peer(_)),
+                "{method} {path}"
+            );
+        }
+        // Every answer to a peer-only document, passed or replaced, ends uncacheable: the
+        // document (200), kube's redirect for a stale hash (301), a 304, the peer's `404 page
+        // not found` (503 by the safety net) and Envoy's reply for a peer it cannot reach.
+        let h = headers(
+            "GET",
+            "/openapi/v3/apis/resource.k8s.io/v1beta2?hash=B2",
+            &[("authorization", b"Bearer x")],
+        );
+        let RequestPlan::Forward(peer_doc) = plan_request(&h, None, &with) else {
+            panic!("not forwarded");
+        };
+        let ends_uncacheable = |ops: &[HeaderOp<'_>]| ops.ends_with(&UNCACHEABLE);
+        for code in [200, 301, 304, 403] {
+            assert_eq!(
+                peer_doc.response.decide(&with, code, "via_upstream", None),
+                ResponseDecision::Rewrite(UNCACHEABLE.to_vec()),
+                "{code}"
+            );
+        }
+        let replaced = [
+            (404, "via_upstream", Some(&b"text/plain; charset=utf-8"[..])),
+            (
+                503,
+                "upstream_reset_before_response_started{connection_failure}",
+                None,
+            ),
+        ];
+        for (code, details, content_type) in replaced {
+            let ResponseDecision::Replace(r) =
+                peer_doc.response.decide(&with, code, details, content_type)
+            else {
+                panic!("{code} {details}: not replaced");
+            };
+            assert_eq!(r.status, 503, "{code} {details}");
+            assert!(ends_uncacheable(&r.headers), "{code} {details}: {r:?}");
         }
         // Only the local apiserver's own 200 gets the entries; a 401, 403 or 304 stands.
         let root = ResponsePlan {

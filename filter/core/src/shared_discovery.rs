@@ -263,7 +263,8 @@ fn add_to_index(
 }
 
 /// Empties every key of `version` (proxy-wasm has no delete; an empty value reads as absent
-/// and holds no memory). The manifest first: from then on no VM loads the version.
+/// and holds no memory). The manifest first: from then on no VM loads the version. Each
+/// document's plain key is emptied before its gzipped copy: [`body`] relies on that order.
 fn evict(store: &(impl SharedData + ?Sized), version: &str) -> Result<(), StoreError> {
     let Some(bytes) = read(store, &manifest_key(version))? else {
         return Ok(());
@@ -285,6 +286,14 @@ fn evict(store: &(impl SharedData + ?Sized), version: &str) -> Result<(), StoreE
 /// The bytes of a stored document ([`Response::stored`](crate::discovery::Response::stored)),
 /// gzipped when `gzip`: made from the plain form by the first VM that needs it, then shared.
 /// `None` when the version was evicted.
+///
+/// A VM may compress while another VM evicts the version (it publishes newer ones meanwhile):
+/// a gzipped copy written after the eviction would never be emptied, its version never read
+/// again (a leak of up to the 12 MiB discovery cap per lost race). So after writing it, the VM
+/// reads the version's manifest (small, unlike the document): [`evict`] empties it before any
+/// document, so if it is gone now, the eviction may have passed the gzipped key already, and
+/// the VM empties its own copy. The request is still answered with it: it is its own
+/// version's document.
 pub fn body(
     store: &(impl SharedData + ?Sized),
     key: &str,
@@ -302,8 +311,21 @@ pub fn body(
     };
     let gz = gzip::compress(&plain);
     drop(plain);
+    // A key of another form has no manifest to check: the copy is not shared.
+    let Some(manifest) = manifest_key_of(key) else {
+        return Ok(Some(gz));
+    };
     store.set(&gz_key, &gz, None)?;
+    if read(store, &manifest)?.is_none() {
+        store.set(&gz_key, &[], None)?;
+    }
     Ok(Some(gz))
+}
+
+/// The manifest key of the version a document key ([`body_key`]) is under.
+fn manifest_key_of(key: &str) -> Option<String> {
+    let (version, _) = key.strip_prefix(PREFIX)?.split_once('/')?;
+    Some(manifest_key(version))
 }
 
 #[cfg(test)]
@@ -321,7 +343,12 @@ mod tests {
         next_cas: Cell<u32>,
         /// Writes to the index to refuse with CasMismatch (another VM won the race).
         lose_index_races: Cell<usize>,
+        /// Run once, just before the next gzipped copy is written: what other VMs do while
+        /// this one compresses.
+        before_gzip_write: RefCell<Option<Meanwhile>>,
     }
+
+    type Meanwhile = Box<dyn FnOnce(&Memory)>;
 
     impl SharedData for Memory {
         fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
@@ -333,6 +360,12 @@ mod tests {
         }
 
         fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+            if key.ends_with(".gz") && !value.is_empty() {
+                let meanwhile = self.before_gzip_write.borrow_mut().take();
+                if let Some(meanwhile) = meanwhile {
+                    meanwhile(self);
+                }
+            }
             let mut values = self.values.borrow_mut();
             if key == INDEX_KEY && self.lose_index_races.get() > 0 {
                 self.lose_index_races.set(self.lose_index_races.get() - 1);
@@ -353,6 +386,17 @@ mod tests {
         /// Bytes held, empty (evicted) values aside.
         fn held(&self) -> usize {
             self.values.borrow().values().map(|(v, _)| v.len()).sum()
+        }
+
+        /// Bytes held under the keys of `version`.
+        fn held_by(&self, version: &str) -> usize {
+            let prefix = format!("{PREFIX}{version}/");
+            self.values
+                .borrow()
+                .iter()
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .map(|(_, (v, _))| v.len())
+                .sum()
         }
     }
 
@@ -474,15 +518,20 @@ mod tests {
         }
     }
 
+    /// Large enough to be gzipped for a client that accepts it.
+    const GZIPPED: usize = 200 * 1024;
+
     #[test]
     fn old_versions_are_evicted_and_then_absent_never_another_versions_document() {
         let store = Memory::default();
         let mut held = Vec::new();
         for generation in 0..KEEP_VERSIONS + 3 {
-            let (version, config) = config(generation, 1000);
+            let (version, config) = config(generation, GZIPPED);
             let merged = publish(&store, &version, &MergedDiscovery::compile(&config)).unwrap();
             // A VM answered a gzip client, making the shared gzipped form.
-            served(&store, &merged, "/apis", V2, true);
+            let (_, gzip, _) = served(&store, &merged, "/apis", V2, true).unwrap();
+            assert!(gzip, "{version}");
+            assert!(store.held_by(&version) > GZIPPED, "{version}");
             held.push((version, merged));
         }
         let index = String::from_utf8(store.get(INDEX_KEY).unwrap().unwrap().0).unwrap();
@@ -491,6 +540,10 @@ mod tests {
         for (generation, (version, merged)) in held.iter().enumerate() {
             let kept = generation >= 3;
             assert_eq!(load(&store, version).unwrap().is_some(), kept, "{version}");
+            // Every key of an evicted version is empty, its gzipped copies included.
+            if !kept {
+                assert_eq!(store.held_by(version), 0, "{version}");
+            }
             // A VM still holding an evicted version finds nothing to serve.
             assert_eq!(
                 served(&store, merged, "/apis", V2, false).is_some(),
@@ -501,13 +554,53 @@ mod tests {
         // What stays is the kept versions' documents only.
         let kept: usize = (3..KEEP_VERSIONS + 3)
             .map(|g| {
-                let (_, c) = config(g, 1000);
+                let (_, c) = config(g, GZIPPED);
                 let m = MergedDiscovery::compile(&c);
                 documents(&m).iter().map(|(_, d)| d.len()).sum::<usize>()
             })
             .sum();
         assert!(store.held() > kept, "{} <= {kept}", store.held());
         assert!(store.held() < kept * 2, "{} >= 2 * {kept}", store.held());
+    }
+
+    #[test]
+    fn a_gzip_copy_made_while_its_version_is_evicted_is_not_left_behind() {
+        let store = Memory::default();
+        let (v0, c0) = config(0, GZIPPED);
+        let merged = publish(&store, &v0, &MergedDiscovery::compile(&c0)).unwrap();
+        // While this VM compresses v0's /apis, another VM publishes newer configurations,
+        // evicting v0 (its gzipped key is emptied before this VM writes it).
+        *store.before_gzip_write.borrow_mut() = Some(Box::new(|store: &Memory| {
+            for generation in 1..=KEEP_VERSIONS {
+                let (version, config) = config(generation, 10);
+                publish(store, &version, &MergedDiscovery::compile(&config)).unwrap();
+            }
+            assert!(load(store, "v0").unwrap().is_none(), "v0 evicted");
+        }));
+        let (body, gzip, _) = served(&store, &merged, "/apis", V2, true).unwrap();
+        assert!(
+            store.before_gzip_write.borrow().is_none(),
+            "the race was run"
+        );
+        // The request still gets its own version's document...
+        assert!(gzip);
+        assert_eq!(body, c0.apis.get().as_bytes());
+        // ...and nothing of the evicted version stays in shared data.
+        assert_eq!(store.held_by(&v0), 0);
+
+        // Without the race the copy is shared: the next request reads it.
+        let (v5, c5) = config(5, GZIPPED);
+        let merged = publish(&store, &v5, &MergedDiscovery::compile(&c5)).unwrap();
+        served(&store, &merged, "/apis", V2, true).unwrap();
+        let gz_keys = store
+            .values
+            .borrow()
+            .iter()
+            .filter(|(k, (v, _))| {
+                k.starts_with(&format!("{PREFIX}{v5}/")) && k.ends_with(".gz") && !v.is_empty()
+            })
+            .count();
+        assert_eq!(gz_keys, 1);
     }
 
     #[test]

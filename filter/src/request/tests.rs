@@ -1516,4 +1516,41 @@ fn a_peer_only_openapi_document_goes_to_the_peer() {
         Some("p133-token")
     );
     assert_eq!(header("x-kubernetes-peer-proxied").as_deref(), Some("true"));
+
+    // kube-openapi's answer to a matching hash, cacheable for a year: it reaches the client
+    // uncacheable, its body untouched, and counts as rerouted.
+    req.host.response = vec![
+        (":status".into(), b"200".to_vec()),
+        ("content-type".into(), b"application/json".to_vec()),
+        ("etag".into(), b"\"B2\"".to_vec()),
+        ("cache-control".into(), b"public, immutable".to_vec()),
+        ("expires".into(), b"Thu, 01 Jan 2099 00:00:00 UTC".to_vec()),
+        (
+            "last-modified".into(),
+            b"Thu, 01 Jan 2026 00:00:00 GMT".to_vec(),
+        ),
+    ];
+    assert_eq!(req.on_response_headers(false), Action::Continue);
+    let response: Vec<(&str, &[u8])> = req
+        .host
+        .response
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
+    assert_eq!(
+        response,
+        [
+            (":status", &b"200"[..]),
+            ("content-type", b"application/json"),
+            ("cache-control", b"no-store"),
+        ]
+    );
+    assert_eq!(req.on_response_body(10, true), Action::Continue);
+    assert!(req.host.bodies.is_empty(), "the body passes untouched");
+    assert_eq!(
+        req.host.metrics.keys().collect::<Vec<_>>(),
+        [&format!(
+            "{REROUTED};code=200;group=resource.k8s.io;version=v1beta2;resource="
+        )]
+    );
 }

@@ -121,6 +121,10 @@ struct Args {
     /// this string: a peer refusing one kind of request while serving the rest.
     #[arg(long)]
     reset_requests_with: Option<String>,
+    /// Serve every OpenAPI v3 document changed from the one its `?hash=` names (the root
+    /// lists the true hashes; the caching headers stay kube's): a peer that lies.
+    #[arg(long)]
+    openapi_wrong_documents: bool,
     #[command(flatten)]
     secure: SecureArgs,
 }
@@ -314,6 +318,7 @@ async fn main() -> anyhow::Result<()> {
         store,
         args.bookmark_interval,
         shutdown_rx,
+        args.openapi_wrong_documents,
     );
     state.auth = authn;
     state.reset_requests_with = args.reset_requests_with.clone().filter(|m| !m.is_empty());

@@ -1,7 +1,9 @@
 //! OpenAPI documents. `/openapi/v3` lists one document per served group/version with its
 //! `serverRelativeURL`, `/openapi/v3/<path>?hash=<hash>`, the hash computed as kube-openapi's
 //! handler3 does (upper-case hex SHA-512 of the served JSON). A stale hash is redirected (301)
-//! to the current URL and only a matching one is cached `public, immutable`, as kube does.
+//! to the current URL and only a matching one is cached `public, immutable` with `Expires` a
+//! year ahead, as kube does. `--openapi-wrong-documents` makes a peer that lies: each document
+//! it serves is not the one its hash names (a marker added), with the same caching headers.
 //!
 //! Where the OpenAPI fixture folder has kube-apiserver's real document of a group-version
 //! (`apis__<group>__<version>_openapi.json`, see `tests/fixtures/openapi/PROVENANCE.md`), it
@@ -27,6 +29,18 @@ use crate::{respond, status};
 /// What kube-openapi answers for the protobuf v2 document (the `@` form clients send in
 /// Accept is not a valid media type to send back: client-go fails to parse it).
 const PROTO_V2: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// The field `--openapi-wrong-documents` adds to every document (an OpenAPI extension, which
+/// clients ignore): its value is the apiserver's id.
+pub const WRONG_DOCUMENT_MARKER: &str = "x-sim-not-the-document-of-this-hash";
+
+/// kube-openapi's `Expires` for a document fetched by its hash: a year from now, in Go's
+/// `time.RFC1123` on a host in UTC (`UTC`, not the `GMT` RFC 9110 asks for; client-go accepts
+/// it).
+fn expires_in_a_year() -> String {
+    let year = std::time::Duration::from_secs(365 * 24 * 3600);
+    httpdate::fmt_http_date(std::time::SystemTime::now() + year).replace("GMT", "UTC")
+}
 
 pub struct OpenApi {
     root: Vec<u8>,
@@ -138,11 +152,14 @@ fn server_relative_url(path: &str, hash: &str) -> String {
 
 impl OpenApi {
     /// `real`: kube-apiserver's documents by root path ([`load_real`]); one is served only for
-    /// a group-version the catalog serves.
+    /// a group-version the catalog serves. `wrong_documents`: the id of an apiserver that
+    /// serves each document with [`WRONG_DOCUMENT_MARKER`] added, under the hash of the
+    /// document without it.
     pub fn new(
         catalog: &Catalog,
         git_version: &str,
         mut real: BTreeMap<String, Vec<u8>>,
+        wrong_documents: Option<&str>,
     ) -> OpenApi {
         let mut docs = BTreeMap::new();
         let mut parsed = BTreeMap::new();
@@ -165,6 +182,16 @@ impl OpenApi {
                 path.clone(),
                 json!({ "serverRelativeURL": server_relative_url(&path, &hash) }),
             );
+            let body = match wrong_documents {
+                Some(id) => {
+                    let mut doc: Value = serde_json::from_slice(&body).unwrap_or_default();
+                    if let Some(doc) = doc.as_object_mut() {
+                        doc.insert(WRONG_DOCUMENT_MARKER.to_string(), json!(id));
+                    }
+                    doc.to_string().into_bytes()
+                }
+                None => body,
+            };
             docs.insert(path, (body, hash));
         }
         let v2 = json!({
@@ -209,7 +236,7 @@ impl OpenApi {
 
     /// `GET /openapi/v3/<api/v1 | apis/g/v>`, `hash` the query's. Like kube-openapi's
     /// handler3: a stale hash is redirected (301) to the current URL; the matching one is
-    /// cacheable for good; without one the document is served without caching headers.
+    /// cacheable for a year; without one the document is served without caching headers.
     pub fn v3_doc(&self, path: &str, query_hash: Option<&str>) -> Response {
         let Some((body, hash)) = self.docs.get(path) else {
             return status::page_not_found();
@@ -228,6 +255,7 @@ impl OpenApi {
                     (header::ETAG, etag),
                     (header::VARY, "Accept".to_string()),
                     (header::CACHE_CONTROL, "public, immutable".to_string()),
+                    (header::EXPIRES, expires_in_a_year()),
                 ],
                 body.clone(),
             )
@@ -280,7 +308,7 @@ mod tests {
             load_real(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/openapi/k8s-1.33"))
                 .unwrap();
         let fixture = real["apis/coordination.k8s.io/v1beta1"].clone();
-        let o = OpenApi::new(&cat, "v1.33.0", real);
+        let o = OpenApi::new(&cat, "v1.33.0", real.clone(), None);
         let root: Value = serde_json::from_slice(&o.root).unwrap();
         let url = root["paths"]["apis/resource.k8s.io/v1beta2"]["serverRelativeURL"]
             .as_str()
@@ -323,5 +351,21 @@ mod tests {
             .any(|x| x["name"] == "fieldValidation"));
         let core: Value = serde_json::from_slice(&o.docs["api/v1"].0).unwrap();
         assert!(core["paths"].get("/api/v1/nodes/{name}").is_some());
+
+        // A lying apiserver: the same root, each document not the one its hash names.
+        let liar = OpenApi::new(&cat, "v1.33.0", real, Some("apiserver-x"));
+        assert_eq!(liar.root, o.root);
+        let (body, listed) = &liar.docs["apis/coordination.k8s.io/v1beta1"];
+        assert_eq!(listed, h);
+        assert_ne!(&hash(body), listed);
+        let doc: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(doc[WRONG_DOCUMENT_MARKER], "apiserver-x");
+        let resp = liar.v3_doc("apis/coordination.k8s.io/v1beta1", Some(h));
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()[header::CACHE_CONTROL], "public, immutable");
+        assert!(resp.headers()[header::EXPIRES]
+            .to_str()
+            .unwrap()
+            .ends_with(" UTC"));
     }
 }

@@ -68,12 +68,19 @@ impl AppState {
         store: Store,
         bookmark_interval: Duration,
         shutdown: watch::Receiver<bool>,
+        wrong_openapi_documents: bool,
     ) -> AppState {
         let catalog = Catalog::build(&fixture.aggregated, &fixture.core_v1);
+        let wrong_openapi = wrong_openapi_documents.then_some(id.as_str());
         AppState {
-            id,
             discovery: Discovery::new(fixture, git_version),
-            openapi: OpenApi::new(&catalog, git_version, fixture.openapi.clone()),
+            openapi: OpenApi::new(
+                &catalog,
+                git_version,
+                fixture.openapi.clone(),
+                wrong_openapi,
+            ),
+            id,
             catalog,
             store,
             bookmark_interval,
