@@ -17,6 +17,9 @@ use crate::discovery::ServedApis;
 
 /// Prefix of every peer cluster name; the rest is a hash of the peer ids.
 pub const PEER_CLUSTER_PREFIX: &str = "skewgate-peers-";
+/// Prefix of every failover cluster name (the local apiserver, then the peers of the same
+/// hash); the rest is the hash of the peer ids, as for their peer cluster.
+pub const FAILOVER_CLUSTER_PREFIX: &str = "skewgate-failover-";
 
 /// A live peer apiserver and what it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,22 +40,43 @@ pub struct PeerCluster {
 }
 
 /// The filter configuration and the Envoy clusters it refers to (sorted by name; exactly the
-/// keys of `config.peer_clusters`).
+/// keys of `config.peer_clusters`), and the failover sets (sorted by name; exactly the keys of
+/// `config.failover_clusters`): each needs the peer cluster of its peers
+/// ([`failover_peer_cluster`]) besides its own aggregate cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutingPlan {
     pub config: FilterConfig,
     pub clusters: Vec<PeerCluster>,
+    pub failover: Vec<PeerCluster>,
 }
 
 /// The cluster name for a set of peers: `skewgate-peers-` and the first 12 hex characters of the
 /// SHA-256 of the sorted, distinct ids joined with `"\n"`. Stable across runs and independent of
 /// the order the ids are given in.
 pub fn peer_cluster_name<S: AsRef<str>>(peer_ids: &[S]) -> String {
+    set_name(PEER_CLUSTER_PREFIX, peer_ids)
+}
+
+/// The failover cluster name for a set of peers: [`FAILOVER_CLUSTER_PREFIX`] and the same hash
+/// as [`peer_cluster_name`].
+pub fn failover_cluster_name<S: AsRef<str>>(peer_ids: &[S]) -> String {
+    set_name(FAILOVER_CLUSTER_PREFIX, peer_ids)
+}
+
+/// The peer cluster a failover cluster falls back to (the same set of peers).
+pub fn failover_peer_cluster(failover: &PeerCluster) -> PeerCluster {
+    PeerCluster {
+        name: peer_cluster_name(&failover.peer_ids),
+        peer_ids: failover.peer_ids.clone(),
+    }
+}
+
+fn set_name<S: AsRef<str>>(prefix: &str, peer_ids: &[S]) -> String {
     let ids: BTreeSet<&str> = peer_ids.iter().map(AsRef::as_ref).collect();
     let joined = ids.into_iter().collect::<Vec<_>>().join("\n");
     let digest = Sha256::digest(joined.as_bytes());
-    let mut name = String::with_capacity(PEER_CLUSTER_PREFIX.len() + 12);
-    name.push_str(PEER_CLUSTER_PREFIX);
+    let mut name = String::with_capacity(prefix.len() + 12);
+    name.push_str(prefix);
     for byte in digest.iter().take(6) {
         name.push_str(&format!("{byte:02x}"));
     }
@@ -118,6 +142,21 @@ pub fn build(
     }
 
     let mut peer_clusters: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Failover: while the local apiserver cannot be reached, a key it serves goes to the live
+    // peers that serve it too; what every apiserver serves (non-resource paths, discovery,
+    // shared storage) to every live peer.
+    let mut failover_clusters: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let live: BTreeSet<&str> = peers
+        .iter()
+        .filter(|p| p.id != local_id)
+        .map(|p| p.id.as_str())
+        .collect();
+    let failover_all = (!live.is_empty()).then(|| {
+        let ids: Vec<String> = live.iter().map(|id| (*id).to_owned()).collect();
+        let name = failover_cluster_name(&ids);
+        failover_clusters.insert(name.clone(), ids);
+        name
+    });
     let mut group_versions = Vec::with_capacity(table.len());
     for ((group, version), keys) in table {
         if shared_storage.contains(&GroupVersion::new(group, version)) {
@@ -141,8 +180,16 @@ pub fn build(
                     peer_clusters.entry(name.clone()).or_insert(ids);
                     Some(name)
                 };
+                let failover_cluster = (servers.local && !servers.peers.is_empty()).then(|| {
+                    let ids: Vec<String> =
+                        servers.peers.iter().map(|id| (*id).to_owned()).collect();
+                    let name = failover_cluster_name(&ids);
+                    failover_clusters.entry(name.clone()).or_insert(ids);
+                    name
+                });
                 ResourceRoute {
                     retained: servers.retained,
+                    failover_cluster,
                     resource: key.to_owned(),
                     local: servers.local,
                     peer_cluster,
@@ -157,18 +204,23 @@ pub fn build(
         });
     }
 
-    let clusters = peer_clusters
-        .iter()
-        .map(|(name, ids)| PeerCluster {
-            name: name.clone(),
-            peer_ids: ids.clone(),
-        })
-        .collect();
+    let as_clusters = |sets: &BTreeMap<String, Vec<String>>| {
+        sets.iter()
+            .map(|(name, ids)| PeerCluster {
+                name: name.clone(),
+                peer_ids: ids.clone(),
+            })
+            .collect()
+    };
+    let clusters = as_clusters(&peer_clusters);
+    let failover = as_clusters(&failover_clusters);
     RoutingPlan {
         config: FilterConfig {
             fallback: None,
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),
+            failover_clusters,
+            failover_all,
             schema: SCHEMA_VERSION,
             local_apiserver: local_id.to_owned(),
             peer_clusters,
@@ -177,6 +229,7 @@ pub fn build(
             discovery: None,
         },
         clusters,
+        failover,
     }
 }
 
@@ -339,6 +392,30 @@ mod tests {
         assert_eq!(plan.clusters.len(), 1);
         assert_eq!(plan.clusters[0].peer_ids, vec!["peer-133".to_string()]);
         assert_eq!(plan.config.local_apiserver, "local-130");
+        // Failover: what both serve goes to the peer while the local apiserver is down; what
+        // only the local one serves (removed in 1.33) has nowhere else to go.
+        let failover = failover_cluster_name(&["peer-133"]);
+        let failover_of = |gvr: &str| route(&plan, gvr).and_then(|r| r.failover_cluster.clone());
+        assert_eq!(failover_of("apps/v1/deployments"), Some(failover.clone()));
+        assert_eq!(failover_of("/v1/pods/exec"), Some(failover.clone()));
+        assert_eq!(failover_of("resource.k8s.io/v1alpha2/resourceclaims"), None);
+        assert_eq!(
+            failover_of("networking.k8s.io/v1/servicecidrs"),
+            None,
+            "peer-only"
+        );
+        assert_eq!(plan.config.failover_all, Some(failover.clone()));
+        assert_eq!(
+            plan.failover,
+            [PeerCluster {
+                name: failover.clone(),
+                peer_ids: vec!["peer-133".to_string()]
+            }]
+        );
+        assert_eq!(
+            failover_peer_cluster(&plan.failover[0]).name,
+            peer_cluster_name(&["peer-133"])
+        );
         assert_eq!(plan.config.schema, SCHEMA_VERSION);
 
         // Every key served by either side is listed, local ones with local: true.

@@ -71,6 +71,7 @@ fn check_served(list: &APIGroupDiscoveryList) {
                         local: true,
                         peer_cluster: None,
                         retained: false,
+                        failover_cluster: None,
                     })
                     .collect(),
             })
@@ -78,6 +79,8 @@ fn check_served(list: &APIGroupDiscoveryList) {
         discovery: None,
         pending_peers: vec![],
         openapi_v3: Default::default(),
+        failover_clusters: Default::default(),
+        failover_all: None,
     };
     if let Err(e) = config.validate() {
         panic!("ServedApis holds what the filter config refuses: {e}");

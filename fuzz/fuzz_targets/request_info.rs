@@ -42,6 +42,7 @@ fn route(group: &str, version: &str, resource: &str, peer: bool) -> GroupVersion
             local: !peer,
             peer_cluster: peer.then(|| "skewgate-peer-a".to_string()),
             retained: false,
+            failover_cluster: None,
         }],
     }
 }
@@ -55,6 +56,7 @@ fn table() -> RoutingTable {
         local: true,
         peer_cluster: None,
         retained: false,
+        failover_cluster: None,
     });
     let config = FilterConfig {
         fallback: None,
@@ -70,6 +72,8 @@ fn table() -> RoutingTable {
         discovery: None,
         pending_peers: vec![],
         openapi_v3: Default::default(),
+        failover_clusters: Default::default(),
+        failover_all: None,
     };
     assert!(config.validate().is_ok(), "the fuzz table validates");
     RoutingTable::compile(&config)

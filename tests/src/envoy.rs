@@ -214,7 +214,14 @@ impl Envoy {
         Ok(())
     }
 
+    /// The listener's address once Envoy is LIVE (`/ready`: its initialization, the first
+    /// health check of the local apiserver's clusters included, is done and workers accept).
+    /// A bound listener alone may still refuse connections.
     async fn listener_address(admin: &LocalChannel) -> Option<Address> {
+        let (status, _) = local_get(admin, "/ready").await.ok()?;
+        if status != 200 {
+            return None;
+        }
         let (_, body) = local_get(admin, "/listeners?format=json").await.ok()?;
         let body: serde_json::Value = serde_json::from_str(&body).ok()?;
         let socket = body

@@ -293,7 +293,8 @@ async fn unreachable_peer_fails_over_to_another_peer_serving_the_same() -> Resul
 /// A peer that resets one kind of request (say a malformed one it refuses) is not down: it is
 /// not ejected, and everything else it serves keeps reaching it. Envoy reports an upstream
 /// reset to outlier detection exactly like a connection failure, so skewgate does not eject
-/// on local-origin failures at all (connect failures fail over by retry instead).
+/// on local-origin failures at all (connect failures fail over by retry instead). A GET it
+/// resets is safe to repeat: it is retried on the other peer and served.
 #[tokio::test]
 async fn a_peer_that_resets_some_requests_is_not_ejected() -> Result<()> {
     let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
@@ -341,8 +342,12 @@ async fn a_peer_that_resets_some_requests_is_not_ejected() -> Result<()> {
             "cluster.{cluster}.outlier_detection.ejections_active"
         ))
         .await?;
-    println!("48 requests b resets: {reset} answered 503, {ok} served by c; consecutive local-origin failures detected {detected} times, ejections active: {active}");
-    assert!(reset > 0, "b reset some");
+    let retried = envoy
+        .stat(&format!("cluster.{cluster}.upstream_rq_retry"))
+        .await?;
+    println!("48 requests b resets: {reset} answered 503, {ok} served by c ({retried} retries); consecutive local-origin failures detected {detected} times, ejections active: {active}");
+    assert!(retried > 0, "b reset some, and they were retried");
+    assert_eq!(reset, 0, "every GET b reset was served by c");
     assert_eq!(active, 0, "b is not ejected");
 
     // b keeps serving everything else: round robin still reaches it.
@@ -767,5 +772,157 @@ async fn kubectl_gets_the_peer_only_resource_through_envoy() -> Result<()> {
         err.contains("NotFound") || err.contains("not found"),
         "{err}"
     );
+    Ok(())
+}
+
+fn deployment(name: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+           "metadata": {"name": name, "namespace": "default"}, "spec": {}})
+}
+
+/// The local apiserver killed under load (docs/ARCHITECTURE.md, "Failover from the local
+/// apiserver"): every GET keeps working through the peer that serves the same resource (with
+/// the loop guard, which only peer-bound attempts carry), a POST that never reached it is
+/// served by the peer, a new watch streams from the peer; what only the local apiserver served
+/// answers 503 (no live apiserver serves it), this node's `/readyz` is its own apiserver's (503),
+/// `/version` any live apiserver's. When the local apiserver is back, requests go back to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_fail_over_to_a_peer_while_the_local_apiserver_is_down() -> Result<()> {
+    const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments";
+    // resource.k8s.io/v1alpha2 is 1.30's only: the 1.33 peer does not serve it.
+    const LOCAL_ONLY: &str = "/apis/resource.k8s.io/v1alpha2/namespaces/default/resourceclaims";
+    let mut a = SimApiserver::start_with(SimOptions {
+        lease: false,
+        ..SimOptions::new("apiserver-a", "k8s-1.30")
+    })
+    .await?;
+    let b = SimApiserver::start_with(SimOptions {
+        lease: false,
+        ..SimOptions::new("apiserver-b", "k8s-1.33")
+    })
+    .await?;
+    let envoy = Envoy::start(&a, &[&b]).await?;
+    let url = |path: &str| format!("{}{path}", envoy.url());
+    let resp = client().get(url(DEPLOYMENTS)).send().await?;
+    assert_eq!(
+        (resp.status().as_u16(), served_by(&resp)),
+        (200, "apiserver-a".into())
+    );
+    assert_eq!(
+        header(&resp, "x-sim-peer-proxied"),
+        "",
+        "no loop guard to the local apiserver"
+    );
+    let watch_on_a = client()
+        .get(format!("{}?watch=1", url(DEPLOYMENTS)))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await?;
+    assert_eq!(served_by(&watch_on_a), "apiserver-a");
+
+    // GETs without a pause, across the kill.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (stop, base) = (stop.clone(), envoy.url());
+        tokio::spawn(async move {
+            let client = client();
+            let mut answers: Vec<(u16, String)> = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for path in [DEPLOYMENTS, "/api/v1/namespaces/default/pods"] {
+                    match client.get(format!("{base}{path}")).send().await {
+                        Ok(resp) => answers.push((resp.status().as_u16(), served_by(&resp))),
+                        Err(e) => answers.push((0, e.to_string())),
+                    }
+                }
+            }
+            answers
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    a.stop().await?;
+    // The established watch ends with its apiserver; the client watches again.
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut events = watch_on_a.bytes_stream();
+        while let Some(chunk) = events.next().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the watch on the stopped apiserver ended");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answers = load.await?;
+    let failed: Vec<&(u16, String)> = answers.iter().filter(|(s, _)| *s != 200).collect();
+    let by_b = answers.iter().filter(|(_, by)| by == "apiserver-b").count();
+    println!(
+        "{} GETs across the kill: {} failed, {by_b} served by apiserver-b",
+        answers.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "GETs failed: {failed:?}");
+    assert!(by_b > 0, "the peer served after the kill");
+
+    // While it is down: reads and writes reach the peer, with the loop guard.
+    let resp = client().get(url(DEPLOYMENTS)).send().await?;
+    assert_eq!(
+        (resp.status().as_u16(), served_by(&resp)),
+        (200, "apiserver-b".into())
+    );
+    assert_eq!(header(&resp, "x-sim-peer-proxied"), "true");
+    let resp = client()
+        .post(url(DEPLOYMENTS))
+        .json(&deployment("while-a-is-down"))
+        .send()
+        .await?;
+    assert_eq!(
+        (resp.status().as_u16(), served_by(&resp)),
+        (201, "apiserver-b".into())
+    );
+    let watch = client()
+        .get(format!("{}?watch=1", url(DEPLOYMENTS)))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await?;
+    assert_eq!(
+        (watch.status().as_u16(), served_by(&watch)),
+        (200, "apiserver-b".into())
+    );
+    let (event, _) = watch_until(watch, Duration::from_secs(10), |e| {
+        e["object"]["metadata"]["name"] == "while-a-is-down"
+    })
+    .await?;
+    assert_eq!(event["type"], "ADDED");
+    // Nobody live serves it: a retryable 503, never a 404.
+    let resp = client().get(url(LOCAL_ONLY)).send().await?;
+    assert_eq!(resp.status(), 503);
+    let status: Value = resp.json().await?;
+    assert_eq!(status["kind"], "Status");
+    // This node's health is its own apiserver's; /version any live apiserver's.
+    assert_eq!(client().get(url("/readyz")).send().await?.status(), 503);
+    let resp = client().get(url("/version")).send().await?;
+    assert_eq!(
+        (resp.status().as_u16(), served_by(&resp)),
+        (200, "apiserver-b".into())
+    );
+
+    // Back: requests go to the local apiserver again once its health check passes.
+    a.restart(None).await?;
+    let restarted = std::time::Instant::now();
+    loop {
+        let resp = client().get(url(DEPLOYMENTS)).send().await?;
+        if served_by(&resp) == "apiserver-a" {
+            break;
+        }
+        assert_eq!(resp.status(), 200, "served by the peer until then");
+        assert!(
+            restarted.elapsed() < Duration::from_secs(15),
+            "the local apiserver serves again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = restarted.elapsed();
+    println!("back on the local apiserver {took:?} after its restart");
     Ok(())
 }

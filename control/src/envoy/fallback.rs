@@ -25,14 +25,17 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use skewgate_core::config::{
-    Fallback, FallbackMode, FilterConfig, FALLBACK_LOCAL_CLUSTER, SCHEMA_VERSION,
+    Fallback, FallbackMode, FilterConfig, UpstreamAuth, FALLBACK_LOCAL_CLUSTER, SCHEMA_VERSION,
 };
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::google::protobuf::Any;
 
-use super::resources::{cluster, filter_extension_config, variants, wasm_path};
+use super::resources::{
+    cluster, failover_cluster, filter_extension_config, variants, wasm_path, Role,
+};
 use super::{Address, EnvoyError};
+use crate::routing::peer_cluster_name;
 
 /// What the fallback needs: the filter's code and the local apiserver, as the control plane
 /// would give them (`run --wasm`, `--local-apiserver-url`, `--sds-dir`).
@@ -129,6 +132,18 @@ pub fn last_acknowledged_config(acknowledged: &AcknowledgedConfig) -> FilterConf
     for entry in config.openapi_v3.values_mut() {
         entry.peer_cluster = rename(&entry.peer_cluster);
     }
+    config.failover_clusters = std::mem::take(&mut config.failover_clusters)
+        .into_iter()
+        .map(|(name, peers)| (rename(&name), peers))
+        .collect();
+    config.failover_all = config.failover_all.as_deref().map(rename);
+    for gv in &mut config.group_versions {
+        for route in &mut gv.resources {
+            if let Some(cluster) = &mut route.failover_cluster {
+                *cluster = rename(cluster);
+            }
+        }
+    }
     config.fallback = Some(Fallback {
         mode: FallbackMode::LastAcknowledged,
         local_cluster: FALLBACK_LOCAL_CLUSTER.to_string(),
@@ -178,6 +193,8 @@ pub fn local_only_config(local_apiserver: &str) -> FilterConfig {
         discovery: None,
         pending_peers: Vec::new(),
         openapi_v3: Default::default(),
+        failover_clusters: Default::default(),
+        failover_all: None,
         fallback: Some(Fallback {
             mode: FallbackMode::LocalOnly,
             local_cluster: FALLBACK_LOCAL_CLUSTER.to_string(),
@@ -222,12 +239,28 @@ pub fn check_record(record: &AcknowledgedConfig) -> Result<(), RecordError> {
             })?;
         }
     }
-    for name in record.filter_config.peer_clusters.keys() {
-        if record.peer_clusters.get(name).is_none_or(Vec::is_empty) {
-            return Err(RecordError::NoAddresses(name.clone()));
+    for name in needed_peer_clusters(&record.filter_config) {
+        if record.peer_clusters.get(&name).is_none_or(Vec::is_empty) {
+            return Err(RecordError::NoAddresses(name));
         }
     }
     Ok(())
+}
+
+/// The peer clusters a configuration needs, under their live names: those its routes name, and
+/// the peer cluster of each failover cluster (the same set of peers).
+fn needed_peer_clusters(config: &FilterConfig) -> std::collections::BTreeSet<String> {
+    config
+        .peer_clusters
+        .keys()
+        .cloned()
+        .chain(
+            config
+                .failover_clusters
+                .values()
+                .map(|ids| peer_cluster_name(ids)),
+        )
+        .collect()
 }
 
 /// The fallback for `inputs`: a record that fails [`check_record`] is an error (the caller
@@ -240,30 +273,40 @@ pub fn render(inputs: &FallbackInputs<'_>) -> Result<RenderedFallback, EnvoyErro
         }
         None => local_only_config(inputs.local_apiserver),
     };
-    let mut bases = vec![(
-        FALLBACK_LOCAL_CLUSTER.to_string(),
-        vec![inputs.local.clone()],
-    )];
-    for (name, addresses) in inputs
-        .acknowledged
-        .map(|a| &a.peer_clusters)
-        .into_iter()
-        .flatten()
-        .filter(|(name, _)| {
-            config
+    let mut clusters = variants(
+        &[(
+            FALLBACK_LOCAL_CLUSTER.to_string(),
+            vec![inputs.local.clone()],
+        )],
+        |name, addresses, auth| cluster(name, addresses, auth, Role::Local, inputs.upstream_sds),
+    )?;
+    if let Some(record) = inputs.acknowledged {
+        let rename = |name: &str| format!("{FALLBACK_PREFIX}{name}");
+        let mut bases = Vec::new();
+        for name in needed_peer_clusters(&record.filter_config) {
+            let addresses = record
                 .peer_clusters
-                .contains_key(&format!("{FALLBACK_PREFIX}{name}"))
-        })
-    {
-        let addresses = addresses
-            .iter()
-            .map(|a| Address::parse(a))
-            .collect::<Result<Vec<_>, _>>()?;
-        bases.push((format!("{FALLBACK_PREFIX}{name}"), addresses));
+                .get(&name)
+                .into_iter()
+                .flatten()
+                .map(|a| Address::parse(a))
+                .collect::<Result<Vec<_>, _>>()?;
+            bases.push((rename(&name), addresses));
+        }
+        clusters.extend(variants(&bases, |name, addresses, auth| {
+            cluster(name, addresses, auth, Role::Peer, inputs.upstream_sds)
+        })?);
+        for (name, ids) in &record.filter_config.failover_clusters {
+            for auth in UpstreamAuth::ALL {
+                clusters.push(failover_cluster(
+                    &rename(name),
+                    FALLBACK_LOCAL_CLUSTER,
+                    &rename(&peer_cluster_name(ids)),
+                    auth,
+                ));
+            }
+        }
     }
-    let clusters = variants(&bases, |name, addresses, auth| {
-        cluster(name, addresses, auth, inputs.upstream_sds)
-    })?;
     let filter = filter_extension_config(wasm_path(inputs.wasm_path)?, &config.to_json())
         .typed_config
         .ok_or(EnvoyError::Fallback(
@@ -275,7 +318,6 @@ pub fn render(inputs: &FallbackInputs<'_>) -> Result<RenderedFallback, EnvoyErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skewgate_core::config::UpstreamAuth;
 
     #[test]
     fn the_waits_add_up_to_the_bound_and_are_never_forever() {
@@ -329,6 +371,7 @@ mod tests {
                 &auth.cluster(FALLBACK_LOCAL_CLUSTER),
                 std::slice::from_ref(&local),
                 auth,
+                Role::Local,
                 inputs.upstream_sds,
             )
             .expect("cluster");
@@ -414,7 +457,14 @@ mod tests {
             ["10.0.0.12:6444", "[fd00::12]:6444"].map(|a| Address::parse(a).expect("a"));
         assert_eq!(
             *peer,
-            cluster(&peer.name, &addresses, UpstreamAuth::ProxyIdentity, None).expect("cluster")
+            cluster(
+                &peer.name,
+                &addresses,
+                UpstreamAuth::ProxyIdentity,
+                Role::Peer,
+                None
+            )
+            .expect("cluster")
         );
 
         // A record that cannot be used is an error (bootstrap then renders local-only).
@@ -428,5 +478,77 @@ mod tests {
             std::fs::write(dir.path().join(ACKNOWLEDGED_FILE), bad).expect("write");
             assert!(read_acknowledged(dir.path()).is_err(), "{bad}");
         }
+    }
+
+    /// A kept configuration with failover: the fallback's copies fail over from the static
+    /// local clusters to static copies of the same peers.
+    #[test]
+    fn the_last_acknowledged_failover_uses_static_copies() {
+        let b = vec!["apiserver-b".to_string()];
+        let failover = crate::routing::failover_cluster_name(&b);
+        let peers = peer_cluster_name(&b);
+        let filter_config = FilterConfig::from_json(
+            format!(
+                r#"{{"schema":1,"local_apiserver":"cp-1",
+                     "failover_clusters":{{"{failover}":["apiserver-b"]}},
+                     "failover_all":"{failover}",
+                     "group_versions":[{{"group":"apps","version":"v1","resources":[
+                       {{"resource":"deployments","local":true,"failover_cluster":"{failover}"}}]}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("valid");
+        let record = AcknowledgedConfig {
+            filter_config,
+            peer_clusters: BTreeMap::from([(peers.clone(), vec!["10.0.0.12:6444".to_string()])]),
+        };
+        check_record(&record).expect("usable");
+        let config = last_acknowledged_config(&record);
+        let renamed = format!("{FALLBACK_PREFIX}{failover}");
+        assert_eq!(config.failover_all.as_deref(), Some(renamed.as_str()));
+        assert_eq!(
+            config.group_versions[0].resources[0]
+                .failover_cluster
+                .as_deref(),
+            Some(renamed.as_str())
+        );
+        let local = Address::parse("127.0.0.1:6443").expect("address");
+        let rendered = render(&FallbackInputs {
+            wait: Duration::from_secs(30),
+            wasm_path: Path::new("/opt/skewgate.wasm"),
+            local: &local,
+            upstream_sds: None,
+            local_apiserver: "cp-1",
+            acknowledged: Some(&record),
+        })
+        .expect("renders");
+        for auth in UpstreamAuth::ALL {
+            let aggregate = rendered
+                .clusters
+                .iter()
+                .find(|c| c.name == auth.cluster(&renamed))
+                .expect("the failover cluster's static copy");
+            assert_eq!(
+                *aggregate,
+                failover_cluster(
+                    &renamed,
+                    FALLBACK_LOCAL_CLUSTER,
+                    &format!("{FALLBACK_PREFIX}{peers}"),
+                    auth
+                )
+            );
+            let peer_copy = auth.cluster(&format!("{FALLBACK_PREFIX}{peers}"));
+            assert!(
+                rendered.clusters.iter().any(|c| c.name == peer_copy),
+                "{peer_copy}"
+            );
+        }
+        // Without the peers' addresses the record cannot be used.
+        let mut without = record;
+        without.peer_clusters.clear();
+        assert!(matches!(
+            check_record(&without),
+            Err(RecordError::NoAddresses(_))
+        ));
     }
 }

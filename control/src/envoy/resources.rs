@@ -8,14 +8,17 @@
 //! serves them over ADS, the static mode writes them to files (`crate::xds::files`), and the
 //! bootstrap's fallback holds static copies of the same messages ([`super::fallback`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::path::Path;
 
 use envoy_types::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
-    cluster::{ClusterDiscoveryType, DiscoveryType, LbPolicy},
+    cluster::{ClusterDiscoveryType, CustomClusterType, DiscoveryType, LbPolicy},
     CircuitBreakers, Cluster, OutlierDetection, UpstreamConnectionOptions,
+};
+use envoy_types::pb::envoy::config::common::mutation_rules::v3::{
+    header_mutation::Action as MutationAction, HeaderMutation,
 };
 use envoy_types::pb::envoy::config::core::v3::{
     address, async_data_source, data_source, socket_address, transport_socket,
@@ -23,10 +26,22 @@ use envoy_types::pb::envoy::config::core::v3::{
     Http2ProtocolOptions, KeepaliveSettings, RoutingPriority, SocketAddress, TcpKeepalive,
     TransportSocket, TypedExtensionConfig,
 };
+use envoy_types::pb::envoy::config::core::v3::{
+    header_value_option::HeaderAppendAction, health_check, HeaderValue, HeaderValueOption,
+    HealthCheck, Metadata,
+};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
+use envoy_types::pb::envoy::extensions::clusters::aggregate::v3::ClusterConfig as AggregateConfig;
+use envoy_types::pb::envoy::extensions::filters::http::header_mutation::v3::{
+    HeaderMutation as HeaderMutationFilter, Mutations,
+};
+use envoy_types::pb::envoy::extensions::filters::http::upstream_codec::v3::UpstreamCodec;
 use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_filter, HttpFilter,
+};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
     subject_alt_name_matcher::SanType,
@@ -43,14 +58,17 @@ use envoy_types::pb::envoy::extensions::wasm::v3::{
     plugin_config::Vm, FailurePolicy, PluginConfig, VmConfig,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
-use envoy_types::pb::google::protobuf::{Duration, StringValue, UInt32Value};
+use envoy_types::pb::envoy::r#type::v3::Int64Range;
+use envoy_types::pb::google::protobuf::{
+    value::Kind, Duration, StringValue, Struct, UInt32Value, Value,
+};
 use envoy_types::util::pack_any;
 
 use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
 
 use super::secrets::{sds_secret_config, PEER_CA_SECRET, PROXY_CLIENT_SECRET};
 use super::{Address, EnvoyError, APISERVER_TLS_NAME, FILTER_NAME};
-use crate::routing::RoutingPlan;
+use crate::routing::{failover_peer_cluster, RoutingPlan};
 
 /// The Wasm VM's id and runtime.
 pub const VM_ID: &str = "skewgate";
@@ -60,6 +78,25 @@ pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.Http
 /// The type of the filter's ECDS resource: the Wasm HTTP filter.
 pub const WASM_TYPE_URL: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
+
+/// The metadata namespace of skewgate's endpoint metadata.
+pub const METADATA_NAMESPACE: &str = "skewgate";
+/// The key, in a peer endpoint's metadata, of the loop guard's value for requests that reach
+/// it through a failover cluster (`true`; absent on the local apiserver's endpoint).
+pub const PEER_PROXIED_KEY: &str = "peer_proxied";
+/// The path the local apiserver's health is checked on: kube-apiserver's readiness, which
+/// fails (500) as soon as it starts shutting down.
+pub const HEALTH_CHECK_PATH: &str = "/readyz";
+
+/// What a cluster's endpoints are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The apiserver this Envoy fronts: its health is checked, so that a failover cluster
+    /// skips it as soon as it stops answering (or is not ready).
+    Local,
+    /// Peer apiservers: each endpoint carries the loop guard's value for failover clusters.
+    Peer,
+}
 
 /// Where the clusters of a routing plan point.
 #[derive(Debug, Clone, Copy)]
@@ -73,17 +110,24 @@ pub struct ClusterInputs<'a> {
     pub upstream_sds: Option<&'a Path>,
 }
 
-/// Each peer set of the plan: its cluster's base name and the addresses of the apiservers
-/// behind it.
+/// Each peer set of the plan, and the peer set of each of its failover clusters: its cluster's
+/// base name and the addresses of the apiservers behind it (each set once, sorted by name).
 pub fn peer_cluster_addresses(
     plan: &RoutingPlan,
     peers: &[(String, Address)],
 ) -> Result<Vec<(String, Vec<Address>)>, EnvoyError> {
-    plan.clusters
+    let sets: BTreeMap<String, &[String]> = plan
+        .clusters
         .iter()
-        .map(|peer_cluster| {
-            let addresses = peer_cluster
-                .peer_ids
+        .map(|c| (c.name.clone(), c.peer_ids.as_slice()))
+        .chain(plan.failover.iter().map(|f| {
+            let peer_cluster = failover_peer_cluster(f);
+            (peer_cluster.name, f.peer_ids.as_slice())
+        }))
+        .collect();
+    sets.into_iter()
+        .map(|(name, ids)| {
+            let addresses = ids
                 .iter()
                 .map(|id| {
                     peers
@@ -93,8 +137,16 @@ pub fn peer_cluster_addresses(
                         .ok_or_else(|| EnvoyError::UnknownPeer(id.clone()))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok((peer_cluster.name.clone(), addresses))
+            Ok((name, addresses))
         })
+        .collect()
+}
+
+/// Each failover cluster of the plan: its base name and its peer cluster's.
+pub fn failover_bases(plan: &RoutingPlan) -> Vec<(String, String)> {
+    plan.failover
+        .iter()
+        .map(|f| (f.name.clone(), failover_peer_cluster(f).name))
         .collect()
 }
 
@@ -113,17 +165,170 @@ pub fn variants<T>(
 }
 
 /// The three variants of `skewgate-local`, then those of each peer set (`peer_clusters`, from
-/// [`peer_cluster_addresses`]).
+/// [`peer_cluster_addresses`]), then those of each failover cluster (`failover`: its base name
+/// and the base name of its peer cluster, one of `peer_clusters`).
 pub fn clusters(
     peer_clusters: &[(String, Vec<Address>)],
+    failover: &[(String, String)],
     inputs: &ClusterInputs<'_>,
 ) -> Result<Vec<Cluster>, EnvoyError> {
-    let mut bases = Vec::with_capacity(peer_clusters.len() + 1);
-    bases.push((LOCAL_CLUSTER.to_string(), vec![inputs.local.clone()]));
-    bases.extend_from_slice(peer_clusters);
-    variants(&bases, |name, addresses, auth| {
-        cluster(name, addresses, auth, inputs.upstream_sds)
-    })
+    let mut out = variants(
+        &[(LOCAL_CLUSTER.to_string(), vec![inputs.local.clone()])],
+        |name, addresses, auth| cluster(name, addresses, auth, Role::Local, inputs.upstream_sds),
+    )?;
+    out.extend(variants(peer_clusters, |name, addresses, auth| {
+        cluster(name, addresses, auth, Role::Peer, inputs.upstream_sds)
+    })?);
+    for (name, peers) in failover {
+        for auth in UpstreamAuth::ALL {
+            out.push(failover_cluster(name, LOCAL_CLUSTER, peers, auth));
+        }
+    }
+    Ok(out)
+}
+
+/// One variant of a failover cluster: Envoy's aggregate cluster of the local apiserver's
+/// cluster (priority 0) and then the peer cluster (priority 1) of the same variant, so that a
+/// request goes to the local apiserver while its health check passes and to the peers when it
+/// does not, or when a connection to it fails (the route's retries, with
+/// `previous_priorities`, move to the peers). Each attempt keeps the TLS and protocol of the
+/// cluster it goes to. The loop guard is added per attempt by the aggregate's own upstream
+/// filter from the chosen endpoint's metadata (upstream filters of the member clusters do not
+/// run through an aggregate, envoyproxy/envoy#29318): `true` on a peer, nothing on the local
+/// apiserver. The identity headers are the same for both.
+pub fn failover_cluster(
+    base: &str,
+    local_base: &str,
+    peer_base: &str,
+    auth: UpstreamAuth,
+) -> Cluster {
+    let name = auth.cluster(base);
+    let guard = HeaderMutation {
+        action: Some(MutationAction::Append(HeaderValueOption {
+            header: Some(HeaderValue {
+                key: skewgate_core::hygiene::PEER_PROXIED.to_string(),
+                value: format!("%UPSTREAM_METADATA({METADATA_NAMESPACE}:{PEER_PROXIED_KEY})%"),
+                ..Default::default()
+            }),
+            // Empty (the local apiserver): not added.
+            append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+            ..Default::default()
+        })),
+    };
+    let filters = vec![
+        HttpFilter {
+            name: "envoy.filters.http.header_mutation".to_string(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
+                HeaderMutationFilter {
+                    mutations: Some(Mutations {
+                        request_mutations: vec![guard],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ))),
+            ..Default::default()
+        },
+        HttpFilter {
+            name: "envoy.filters.http.upstream_codec".to_string(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
+                UpstreamCodec::default(),
+            ))),
+            ..Default::default()
+        },
+    ];
+    let options = HttpProtocolOptions {
+        // Required with upstream filters; each attempt uses its member cluster's protocol.
+        upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+            ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                    Http1ProtocolOptions::default(),
+                )),
+            },
+        )),
+        http_filters: filters,
+        ..Default::default()
+    };
+    Cluster {
+        name,
+        cluster_discovery_type: Some(ClusterDiscoveryType::ClusterType(CustomClusterType {
+            name: "envoy.clusters.aggregate".to_string(),
+            typed_config: Some(pack_any(AggregateConfig {
+                clusters: vec![auth.cluster(local_base), auth.cluster(peer_base)],
+            })),
+        })),
+        connect_timeout: seconds(2),
+        lb_policy: LbPolicy::ClusterProvided as i32,
+        // The aggregate's own retry budget caps concurrent failovers (Envoy's default of 3
+        // refused 17 of 20 concurrent retries while the local apiserver was down).
+        circuit_breakers: Some(circuit_breakers()),
+        typed_extension_protocol_options: HashMap::from([(
+            HTTP_PROTOCOL_OPTIONS.to_string(),
+            pack_any(options),
+        )]),
+        ..Default::default()
+    }
+}
+
+/// Envoy's default of 1024 concurrent requests per cluster would refuse watches.
+fn circuit_breakers() -> CircuitBreakers {
+    CircuitBreakers {
+        thresholds: vec![Thresholds {
+            priority: RoutingPriority::Default as i32,
+            max_connections: u32v(100_000),
+            max_pending_requests: u32v(100_000),
+            max_requests: u32v(100_000),
+            max_retries: u32v(1000),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// The local apiserver's health, checked every second on [`HEALTH_CHECK_PATH`] over the
+/// cluster's own TLS and identity: down after two failures (a refused or reset connection, a
+/// timeout, or a 5xx, which is what kube-apiserver's `/readyz` answers when it is not ready or
+/// shutting down), up again after one success. Any answer below 500 is up: a 401 or 403 (an
+/// identity kube does not let read `/readyz`, `--anonymous-auth=false`) still means the
+/// apiserver is there.
+fn local_health_check() -> HealthCheck {
+    HealthCheck {
+        timeout: seconds(1),
+        interval: seconds(1),
+        // The default (60 s) would apply to a cluster no request has used yet.
+        no_traffic_interval: seconds(1),
+        unhealthy_threshold: u32v(2),
+        healthy_threshold: u32v(1),
+        health_checker: Some(health_check::HealthChecker::HttpHealthCheck(
+            health_check::HttpHealthCheck {
+                path: HEALTH_CHECK_PATH.to_string(),
+                expected_statuses: vec![Int64Range {
+                    start: 200,
+                    end: 500,
+                }],
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}
+
+/// A peer endpoint's metadata: the loop guard's value for failover clusters.
+fn peer_metadata() -> Metadata {
+    Metadata {
+        filter_metadata: HashMap::from([(
+            METADATA_NAMESPACE.to_string(),
+            Struct {
+                fields: HashMap::from([(
+                    PEER_PROXIED_KEY.to_string(),
+                    Value {
+                        kind: Some(Kind::StringValue("true".to_string())),
+                    },
+                )]),
+            },
+        )]),
+        ..Default::default()
+    }
 }
 
 fn u32v(value: u32) -> Option<UInt32Value> {
@@ -214,6 +419,7 @@ pub fn cluster(
     name: &str,
     addresses: &[Address],
     auth: UpstreamAuth,
+    role: Role,
     upstream_sds: Option<&Path>,
 ) -> Result<Cluster, EnvoyError> {
     // All endpoints of one cluster resolve the same way; a mix of names and IPs needs DNS.
@@ -229,6 +435,7 @@ pub fn cluster(
                 address: Some(envoy_address(a)),
                 ..Default::default()
             })),
+            metadata: (role == Role::Peer).then(peer_metadata),
             ..Default::default()
         })
         .collect();
@@ -275,17 +482,11 @@ pub fn cluster(
             }],
             ..Default::default()
         }),
-        circuit_breakers: Some(CircuitBreakers {
-            thresholds: vec![Thresholds {
-                priority: RoutingPriority::Default as i32,
-                max_connections: u32v(100_000),
-                max_pending_requests: u32v(100_000),
-                max_requests: u32v(100_000),
-                max_retries: u32v(1000),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
+        circuit_breakers: Some(circuit_breakers()),
+        health_checks: match role {
+            Role::Local => vec![local_health_check()],
+            Role::Peer => Vec::new(),
+        },
         upstream_connection_options: Some(UpstreamConnectionOptions {
             tcp_keepalive: Some(TcpKeepalive {
                 keepalive_time: u32v(60),
@@ -451,6 +652,7 @@ mod tests {
             "n",
             &[addr("apiserver-b.example:6443")],
             UpstreamAuth::Token,
+            Role::Peer,
             None,
         )
         .expect("cluster");
@@ -634,5 +836,112 @@ mod tests {
             Snapshot::from_plan(&p, &inputs),
             Err(EnvoyError::Unsafe(_))
         ));
+    }
+
+    /// The failover clusters: an aggregate of the local apiserver's cluster and the peers' of
+    /// the same variant, adding the loop guard from the chosen endpoint's metadata, which only
+    /// peer endpoints carry; the local apiserver's clusters are health checked.
+    #[test]
+    fn failover_clusters_try_the_local_apiserver_first_then_the_peers() {
+        let world = World::new();
+        let p = plan(&[("x.io", "v1", "widgets")], &[]);
+        let snap = world.snapshot(&p);
+        // Every live peer: b and c (c serves nothing, but it is live).
+        let all = routing::failover_cluster_name(&["b", "c"]);
+        let peers = routing::peer_cluster_name(&["b", "c"]);
+        assert_eq!(p.config.failover_all.as_deref(), Some(all.as_str()));
+        for auth in UpstreamAuth::ALL {
+            let cluster = decode_cluster(&snap, &auth.cluster(&all));
+            let Some(ClusterDiscoveryType::ClusterType(custom)) = &cluster.cluster_discovery_type
+            else {
+                panic!("a custom cluster type");
+            };
+            assert_eq!(custom.name, "envoy.clusters.aggregate");
+            let members = AggregateConfig::decode(
+                custom
+                    .typed_config
+                    .as_ref()
+                    .expect("config")
+                    .value
+                    .as_slice(),
+            )
+            .expect("aggregate");
+            assert_eq!(
+                members.clusters,
+                [auth.cluster(LOCAL_CLUSTER), auth.cluster(&peers)],
+                "the local apiserver first"
+            );
+            assert_eq!(cluster.lb_policy, LbPolicy::ClusterProvided as i32);
+            assert_eq!(
+                cluster
+                    .circuit_breakers
+                    .as_ref()
+                    .expect("breakers")
+                    .thresholds[0]
+                    .max_retries,
+                u32v(1000)
+            );
+            let options = HttpProtocolOptions::decode(
+                cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS]
+                    .value
+                    .as_slice(),
+            )
+            .expect("options");
+            let names: Vec<&str> = options
+                .http_filters
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect();
+            assert_eq!(
+                names,
+                [
+                    "envoy.filters.http.header_mutation",
+                    "envoy.filters.http.upstream_codec"
+                ]
+            );
+            let Some(http_filter::ConfigType::TypedConfig(any)) =
+                &options.http_filters[0].config_type
+            else {
+                panic!("typed config");
+            };
+            let mutation = HeaderMutationFilter::decode(any.value.as_slice()).expect("mutation");
+            let Some(MutationAction::Append(append)) =
+                &mutation.mutations.expect("mutations").request_mutations[0].action
+            else {
+                panic!("an append");
+            };
+            let header = append.header.as_ref().expect("header");
+            assert_eq!(header.key, "x-kubernetes-peer-proxied");
+            assert_eq!(header.value, "%UPSTREAM_METADATA(skewgate:peer_proxied)%");
+            // The peer cluster it falls back to exists.
+            assert!(snap.clusters.contains_key(&auth.cluster(&peers)));
+
+            // The local apiserver's cluster is health checked on /readyz; its endpoint
+            // carries no loop guard, the peers' do.
+            let local = decode_cluster(&snap, &auth.cluster(LOCAL_CLUSTER));
+            assert_eq!(local.health_checks.len(), 1);
+            let Some(health_check::HealthChecker::HttpHealthCheck(http)) =
+                &local.health_checks[0].health_checker
+            else {
+                panic!("an HTTP health check");
+            };
+            assert_eq!(http.path, "/readyz");
+            assert_eq!(
+                http.expected_statuses,
+                [Int64Range {
+                    start: 200,
+                    end: 500
+                }]
+            );
+            let metadata = |c: &Cluster| {
+                c.load_assignment.as_ref().expect("endpoints").endpoints[0].lb_endpoints[0]
+                    .metadata
+                    .clone()
+            };
+            assert_eq!(metadata(&local), None);
+            let peer = decode_cluster(&snap, &auth.cluster(&peers));
+            assert!(peer.health_checks.is_empty());
+            assert_eq!(metadata(&peer), Some(peer_metadata()));
+        }
     }
 }

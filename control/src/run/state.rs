@@ -549,8 +549,10 @@ mod tests {
         assert!(matches!(comp.merged, MergedOutcome::Included { bytes } if bytes > 1000));
         let discovery = comp.routing.config.discovery.as_ref().expect("merged");
         assert!(discovery.apis.get().contains("\"v1beta2\""));
-        // Every cluster in three variants, the filter configuration once.
-        let mut want: Vec<String> = [LOCAL_CLUSTER, b_cluster.as_str()]
+        // Every cluster in three variants (the local apiserver's, b's, and the failover from
+        // the local apiserver to b), the filter configuration once.
+        let b_failover = routing::failover_cluster_name(&["apiserver-b"]);
+        let mut want: Vec<String> = [LOCAL_CLUSTER, b_cluster.as_str(), b_failover.as_str()]
             .iter()
             .flat_map(|base| UpstreamAuth::ALL.iter().map(|a| a.cluster(base)))
             .collect();

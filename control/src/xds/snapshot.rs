@@ -19,7 +19,8 @@ use sha2::{Digest, Sha256};
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
 use crate::envoy::fallback::AcknowledgedConfig;
 use crate::envoy::resources::{
-    clusters, filter_extension_config, peer_cluster_addresses, wasm_path, ClusterInputs,
+    clusters, failover_bases, filter_extension_config, peer_cluster_addresses, wasm_path,
+    ClusterInputs,
 };
 use crate::envoy::{Address, EnvoyError};
 use crate::routing::RoutingPlan;
@@ -130,7 +131,7 @@ impl Snapshot {
             upstream_sds: inputs.upstream_sds,
         };
         let snapshot = Self::new(
-            clusters(&peer_clusters, &cluster_inputs)?,
+            clusters(&peer_clusters, &failover_bases(plan), &cluster_inputs)?,
             [filter_extension_config(wasm, &plan.config.to_json())],
         );
         let acknowledged = AcknowledgedConfig {
@@ -212,9 +213,10 @@ mod tests {
         let two = world.snapshot(&p.clone());
         assert_eq!(one, two);
         assert_eq!(one.version(), two.version());
-        // skewgate-local plus one cluster per peer set, each in three variants; one filter
-        // configuration.
-        assert_eq!(one.clusters.len(), 9);
+        // skewgate-local, one cluster per peer set ({b}, {c}, and {b, c} for the failover of
+        // what every apiserver serves) and the failover cluster of {b, c}, each in three
+        // variants; one filter configuration.
+        assert_eq!(one.clusters.len(), 15);
         for auth in UpstreamAuth::ALL {
             assert!(one.clusters.contains_key(&auth.cluster(LOCAL_CLUSTER)));
         }
@@ -265,13 +267,19 @@ mod tests {
             &[("y.io", "v1", "gadgets")],
         ));
         let c = routing::peer_cluster_name(&["c"]);
+        let bc = routing::peer_cluster_name(&["b", "c"]);
         let changed: Vec<&String> = before
             .clusters
             .iter()
             .filter(|(name, v)| after.clusters[*name].version != v.version)
             .map(|(name, _)| name)
             .collect();
-        let c_variants: Vec<String> = UpstreamAuth::ALL.iter().map(|a| a.cluster(&c)).collect();
+        // (and the set of every live peer, which has c too; the failover cluster names clusters,
+        // not addresses, so it does not change either).
+        let c_variants: Vec<String> = [&c, &bc]
+            .iter()
+            .flat_map(|base| UpstreamAuth::ALL.iter().map(|a| a.cluster(base)))
+            .collect();
         let mut want: Vec<&String> = c_variants.iter().collect();
         want.sort();
         assert_eq!(changed, want);
@@ -285,8 +293,8 @@ mod tests {
             &[("x.io", "v1", "widgets")],
             &[("x.io", "v1", "widgets")],
         ));
-        let bc = routing::peer_cluster_name(&["b", "c"]);
-        let mut want: Vec<String> = [LOCAL_CLUSTER, bc.as_str()]
+        let bc_failover = routing::failover_cluster_name(&["b", "c"]);
+        let mut want: Vec<String> = [LOCAL_CLUSTER, bc.as_str(), bc_failover.as_str()]
             .iter()
             .flat_map(|base| UpstreamAuth::ALL.iter().map(|a| a.cluster(base)))
             .collect();

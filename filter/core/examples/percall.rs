@@ -459,12 +459,14 @@ fn synthetic(real: &[u8], groups: usize) -> Result<Vec<u8>> {
             let plural = format!("widget{r}s");
             routes.push(ResourceRoute {
                 retained: false,
+                failover_cluster: None,
                 resource: plural.clone(),
                 local: true,
                 peer_cluster: None,
             });
             routes.push(ResourceRoute {
                 retained: false,
+                failover_cluster: None,
                 resource: format!("{plural}/status"),
                 local: true,
                 peer_cluster: None,

@@ -54,6 +54,19 @@ pub struct FilterConfig {
     /// their documents routed to that peer (docs/ARCHITECTURE.md "OpenAPI v3").
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub openapi_v3: BTreeMap<String, OpenApiPeerEntry>,
+    /// Where requests the local apiserver would serve go while it cannot be reached: each an
+    /// Envoy aggregate cluster (with its [`UpstreamAuth`] suffix) of the local apiserver's
+    /// cluster first and then the peer cluster of these peers (docs/ARCHITECTURE.md,
+    /// "Failover from the local apiserver"). Named by [`ResourceRoute::failover_cluster`] and
+    /// [`FilterConfig::failover_all`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failover_clusters: BTreeMap<String, Vec<String>>,
+    /// The key of [`FilterConfig::failover_clusters`] over every live peer: where non-resource
+    /// requests (but this node's own health endpoints), discovery and shared-storage
+    /// group-versions go while the local apiserver cannot be reached (every apiserver serves
+    /// those). `None` without live peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover_all: Option<String>,
     /// Set only in the configuration Envoy's bootstrap holds as the ECDS `default_config`: what
     /// the filter runs when the control plane did not configure it within the bootstrap's
     /// wait (`skewgate-control bootstrap --control-plane-wait`). The first configuration from
@@ -187,6 +200,10 @@ pub struct ResourceRoute {
     /// `Retry-After`, never the local 404. Exclusive with `local` and `peer_cluster`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub retained: bool,
+    /// With `local`: a key of [`FilterConfig::failover_clusters`] whose peers serve it too, so
+    /// a request for it reaches one of them while the local apiserver cannot be reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover_cluster: Option<String>,
 }
 
 /// One peer's `/openapi/v3` entry for a group-version the local apiserver does not serve.
@@ -314,6 +331,10 @@ struct FilterConfigHead {
     #[serde(default)]
     openapi_v3: BTreeMap<String, OpenApiPeerEntry>,
     #[serde(default)]
+    failover_clusters: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    failover_all: Option<String>,
+    #[serde(default)]
     fallback: Option<Fallback>,
 }
 
@@ -377,6 +398,8 @@ impl FilterConfig {
             discovery: None,
             pending_peers: head.pending_peers,
             openapi_v3: head.openapi_v3,
+            failover_clusters: head.failover_clusters,
+            failover_all: head.failover_all,
             fallback: head.fallback,
         };
         config.validate()?;
@@ -421,6 +444,25 @@ impl FilterConfig {
             if peers.is_empty() {
                 return Err(ConfigError::Invalid(format!(
                     "peer cluster {name:?} has no apiservers"
+                )));
+            }
+        }
+        for (name, peers) in &self.failover_clusters {
+            if !valid_cluster_name(name) || self.peer_clusters.contains_key(name) {
+                return Err(ConfigError::Invalid(format!(
+                    "failover cluster name {name:?} must be 1-{MAX_CLUSTER_NAME} visible ASCII characters and not a peer cluster's"
+                )));
+            }
+            if peers.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "failover cluster {name:?} has no apiservers"
+                )));
+            }
+        }
+        if let Some(all) = &self.failover_all {
+            if !self.failover_clusters.contains_key(all) {
+                return Err(ConfigError::Invalid(format!(
+                    "failover cluster {all:?} of every live peer is not declared"
                 )));
             }
         }
@@ -496,6 +538,14 @@ impl FilterConfig {
                         )));
                     }
                     _ => {}
+                }
+                if let Some(c) = &r.failover_cluster {
+                    if !r.local || !self.failover_clusters.contains_key(c) {
+                        return Err(ConfigError::Invalid(format!(
+                            "{}/{}/{}: failover cluster {c:?} is not declared or the key is not served locally",
+                            gv.group, gv.version, r.resource
+                        )));
+                    }
                 }
                 if r.retained && (r.local || r.peer_cluster.is_some()) {
                     return Err(ConfigError::Invalid(format!(
@@ -592,6 +642,8 @@ mod tests {
             fallback: None,
             pending_peers: Vec::new(),
             openapi_v3: BTreeMap::new(),
+            failover_clusters: Default::default(),
+            failover_all: None,
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([(
@@ -604,6 +656,7 @@ mod tests {
                 shared_storage: false,
                 resources: vec![ResourceRoute {
                     retained: false,
+                    failover_cluster: None,
                     resource: "resourceclaims".into(),
                     local: false,
                     peer_cluster: Some("skewgate-peers-b".into()),

@@ -254,10 +254,13 @@ mod tests {
             local: false,
             peer_cluster: None,
             retained: true,
+            failover_cluster: None,
         };
         FilterConfig {
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),
+            failover_clusters: Default::default(),
+            failover_all: None,
             schema: SCHEMA_VERSION,
             local_apiserver: "a".into(),
             peer_clusters: BTreeMap::new(),

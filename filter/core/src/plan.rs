@@ -68,6 +68,14 @@ impl CompiledConfig {
             labels: MetricLabels::compile(config),
         }
     }
+
+    /// The base name of the cluster for requests every live apiserver serves: the local
+    /// apiserver's, failing over to every live peer when there are some.
+    pub fn local_first_cluster(&self) -> &str {
+        self.table
+            .failover_all()
+            .unwrap_or(self.local_cluster.as_str())
+    }
 }
 
 /// One change to a header map, applied in order.
@@ -375,7 +383,8 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
                 path,
                 strip,
                 auth,
-                cluster: upstream_auth.cluster(&compiled.local_cluster),
+                // Any live apiserver may authorize it while the local one cannot be reached.
+                cluster: upstream_auth.cluster(compiled.local_first_cluster()),
                 class: RequestClass::Short,
                 route: Route::MergedDiscovery,
                 counters,
@@ -411,7 +420,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
                 path,
                 strip,
                 auth,
-                cluster: upstream_auth.cluster(&compiled.local_cluster),
+                cluster: upstream_auth.cluster(compiled.local_first_cluster()),
                 class: RequestClass::Short,
                 route: Route::OpenApiRoot,
                 counters,
@@ -455,18 +464,22 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
         Some(info) if !info.is_long_running() => RequestClass::Short,
         _ => RequestClass::Unbounded,
     };
+    let local_first = |base: &'a str| {
+        let resource = info.as_ref().is_some_and(|i| i.is_resource_request);
+        let by = if compiled.fallback == Some(FallbackMode::LocalOnly) && resource {
+            // Without the control plane's view a local `404 page not found` may be a
+            // resource only a peer serves: a retryable 503, never a 404 clients act on.
+            Some(ServedBy::Unknown)
+        } else {
+            (decision.reason == Reason::ServedLocally).then_some(ServedBy::Local)
+        };
+        (base, by)
+    };
     let (base, by) = match decision.upstream {
-        Upstream::Local => {
-            let resource = info.as_ref().is_some_and(|i| i.is_resource_request);
-            let by = if compiled.fallback == Some(FallbackMode::LocalOnly) && resource {
-                // Without the control plane's view a local `404 page not found` may be a
-                // resource only a peer serves: a retryable 503, never a 404 clients act on.
-                Some(ServedBy::Unknown)
-            } else {
-                (decision.reason == Reason::ServedLocally).then_some(ServedBy::Local)
-            };
-            (compiled.local_cluster.as_str(), by)
-        }
+        Upstream::Local => local_first(compiled.local_cluster.as_str()),
+        // Whoever answers, local or a peer of the failover set, serves the key: the 404
+        // safety net applies as for the local apiserver.
+        Upstream::LocalFirst { failover } => local_first(failover),
         Upstream::Peer { cluster } => (cluster, Some(ServedBy::Peer)),
         Upstream::Unavailable => {
             return unavailable(method, path, info, decision.reason, compiled);
@@ -1056,6 +1069,7 @@ mod tests {
     fn compiled(discovery: bool) -> CompiledConfig {
         let route = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
             retained: false,
+            failover_cluster: None,
             resource: resource.into(),
             local,
             peer_cluster: peer.map(str::to_string),
@@ -1070,6 +1084,8 @@ mod tests {
             fallback: None,
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),
+            failover_clusters: Default::default(),
+            failover_all: None,
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([("p133".to_string(), vec!["b".to_string()])]),
@@ -1453,12 +1469,14 @@ mod tests {
     fn failsafe(pending: &[&str]) -> CompiledConfig {
         let route = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
             retained: false,
+            failover_cluster: None,
             resource: resource.into(),
             local,
             peer_cluster: peer.map(str::to_string),
         };
         let retained = |resource: &str| ResourceRoute {
             retained: true,
+            failover_cluster: None,
             ..route(resource, false, None)
         };
         let gv = |group: &str, version: &str, resources| GroupVersionRoutes {
@@ -1471,6 +1489,8 @@ mod tests {
             fallback: None,
             pending_peers: pending.iter().map(|p| p.to_string()).collect(),
             openapi_v3: Default::default(),
+            failover_clusters: Default::default(),
+            failover_all: None,
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([("p133".to_string(), vec!["b".to_string()])]),
@@ -1863,6 +1883,8 @@ mod tests {
             discovery: None,
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),
+            failover_clusters: Default::default(),
+            failover_all: None,
             fallback: Some(Fallback {
                 mode: FallbackMode::LocalOnly,
                 local_cluster: FALLBACK_LOCAL_CLUSTER.into(),
@@ -1938,6 +1960,8 @@ mod tests {
             fallback: None,
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),
+            failover_clusters: Default::default(),
+            failover_all: None,
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([("p133".to_string(), vec!["b".to_string()])]),

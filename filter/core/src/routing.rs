@@ -19,6 +19,10 @@ pub const MAX_ROUTED_PATH: usize = 64 * 1024;
 pub enum Upstream<'a> {
     /// The apiserver this Envoy fronts (the route's default cluster).
     Local,
+    /// The apiserver this Envoy fronts while it can be reached, else one of the peers of this
+    /// failover cluster ([`FilterConfig::failover_clusters`]), which serve it too: Envoy's
+    /// aggregate cluster with a health check on the local apiserver decides, per attempt.
+    LocalFirst { failover: &'a str },
     /// An Envoy cluster whose endpoints are the peer apiservers serving the resource.
     Peer { cluster: &'a str },
     /// Nowhere: no live apiserver is known to serve it now, but one may (a retained resource,
@@ -70,6 +74,8 @@ impl Decision<'_> {
 #[derive(Debug, Clone, Copy, Default)]
 struct Served {
     local: bool,
+    /// With `local`: index into [`RoutingTable::failover_clusters`].
+    failover: Option<usize>,
     /// Index into [`RoutingTable::clusters`].
     peer: Option<usize>,
     /// Nobody now, but a server that did is gone or not re-read yet.
@@ -93,6 +99,10 @@ enum GroupVersionEntry {
 pub struct RoutingTable {
     local_apiserver: String,
     clusters: Vec<String>,
+    /// [`FilterConfig::failover_clusters`], by name.
+    failover_clusters: Vec<String>,
+    /// Index into `failover_clusters` of [`FilterConfig::failover_all`].
+    failover_all: Option<usize>,
     groups: HashMap<String, HashMap<String, GroupVersionEntry>>,
     /// [`FilterConfig::pending_peers`]: while any is listed, "served by nobody" is not known.
     pending_peers: Vec<String>,
@@ -104,6 +114,8 @@ impl RoutingTable {
     pub fn compile(config: &FilterConfig) -> Self {
         let clusters: Vec<String> = config.peer_clusters.keys().cloned().collect();
         let cluster_index = |name: &str| clusters.iter().position(|c| c == name);
+        let failover_clusters: Vec<String> = config.failover_clusters.keys().cloned().collect();
+        let failover_index = |name: &str| failover_clusters.iter().position(|c| c == name);
         let mut groups: HashMap<String, HashMap<String, GroupVersionEntry>> = HashMap::new();
         for gv in &config.group_versions {
             let entry = if gv.shared_storage {
@@ -113,6 +125,7 @@ impl RoutingTable {
                 for r in &gv.resources {
                     let served = Served {
                         local: r.local,
+                        failover: r.failover_cluster.as_deref().and_then(failover_index),
                         peer: r.peer_cluster.as_deref().and_then(cluster_index),
                         retained: r.retained,
                     };
@@ -136,9 +149,12 @@ impl RoutingTable {
                 .or_default()
                 .insert(gv.version.clone(), entry);
         }
+        let failover_all = config.failover_all.as_deref().and_then(failover_index);
         RoutingTable {
             local_apiserver: config.local_apiserver.clone(),
             clusters,
+            failover_clusters,
+            failover_all,
             groups,
             pending_peers: config.pending_peers.clone(),
         }
@@ -171,7 +187,10 @@ impl RoutingTable {
 
     pub fn decide(&self, info: &RequestInfo) -> Decision<'_> {
         if !info.is_resource_request {
-            return Decision::local(Reason::NonResourceRequest);
+            if is_node_local(&info.path) {
+                return Decision::local(Reason::NonResourceRequest);
+            }
+            return self.local_first(self.failover_all, Reason::NonResourceRequest);
         }
         let Some(gv) = self
             .groups
@@ -181,7 +200,9 @@ impl RoutingTable {
             return self.served_by_nobody();
         };
         let resources = match gv {
-            GroupVersionEntry::SharedStorage => return Decision::local(Reason::SharedStorage),
+            GroupVersionEntry::SharedStorage => {
+                return self.local_first(self.failover_all, Reason::SharedStorage)
+            }
             GroupVersionEntry::Resources(resources) => resources,
         };
         let Some(resource) = resources.get(info.resource.as_str()) else {
@@ -217,9 +238,27 @@ impl RoutingTable {
         }
     }
 
+    /// The failover cluster of every live peer, for requests every apiserver serves.
+    pub fn failover_all(&self) -> Option<&str> {
+        self.failover_all
+            .and_then(|i| self.failover_clusters.get(i))
+            .map(String::as_str)
+    }
+
+    /// Local, failing over to the peers of `failover` (an index into `failover_clusters`).
+    fn local_first(&self, failover: Option<usize>, reason: Reason) -> Decision<'_> {
+        match failover.and_then(|i| self.failover_clusters.get(i)) {
+            Some(failover) => Decision {
+                upstream: Upstream::LocalFirst { failover },
+                reason,
+            },
+            None => Decision::local(reason),
+        }
+    }
+
     fn target(&self, served: Served) -> Option<Decision<'_>> {
         if served.local {
-            return Some(Decision::local(Reason::ServedLocally));
+            return Some(self.local_first(served.failover, Reason::ServedLocally));
         }
         if served.retained {
             return Some(Decision {
@@ -235,6 +274,19 @@ impl RoutingTable {
     }
 }
 
+/// This node's own health and metrics endpoints: they describe the local apiserver, so they
+/// never fail over (a load balancer must see this node's apiserver down, and a scrape must not
+/// get another apiserver's metrics under this node's name).
+pub const NODE_LOCAL_PATHS: [&str; 5] = ["/healthz", "/livez", "/readyz", "/metrics", "/debug"];
+
+/// Whether a non-resource path is one of [`NODE_LOCAL_PATHS`] or below one.
+pub fn is_node_local(path: &str) -> bool {
+    NODE_LOCAL_PATHS.iter().any(|p| {
+        path.strip_prefix(p)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,6 +296,7 @@ mod tests {
     fn route(resource: &str, local: bool, peer: Option<&str>) -> ResourceRoute {
         ResourceRoute {
             retained: false,
+            failover_cluster: None,
             resource: resource.into(),
             local,
             peer_cluster: peer.map(str::to_string),
@@ -265,6 +318,8 @@ mod tests {
             fallback: None,
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),
+            failover_clusters: Default::default(),
+            failover_all: None,
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([
@@ -509,6 +564,7 @@ mod tests {
     fn retained(resource: &str) -> ResourceRoute {
         ResourceRoute {
             retained: true,
+            failover_cluster: None,
             ..route(resource, false, None)
         }
     }
@@ -521,6 +577,8 @@ mod tests {
             fallback: None,
             pending_peers: pending.iter().map(|p| p.to_string()).collect(),
             openapi_v3: Default::default(),
+            failover_clusters: Default::default(),
+            failover_all: None,
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::from([("pb".to_string(), vec!["apiserver-b".to_string()])]),
@@ -697,5 +755,134 @@ mod tests {
         for path in ["/api/v1/pods", "/apis/x/v1/y", "/", ""] {
             assert_eq!(t.route("GET", path).1.upstream, Upstream::Local, "{path}");
         }
+    }
+
+    /// Failover from the local apiserver: a key it serves that live peers serve too goes to
+    /// its failover cluster (the local apiserver first), what every apiserver serves to the
+    /// failover cluster of every live peer, and what only the local apiserver serves, what
+    /// nobody serves, this node's health endpoints and unparsable requests stay local.
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn keys_other_apiservers_serve_fail_over_to_them() {
+        use Reason::*;
+        let mut pods = route("pods", true, None);
+        pods.failover_cluster = Some("fall-b".into());
+        let config = FilterConfig {
+            fallback: None,
+            pending_peers: Vec::new(),
+            openapi_v3: Default::default(),
+            failover_clusters: BTreeMap::from([
+                ("fall-b".to_string(), vec!["apiserver-b".to_string()]),
+                (
+                    "fall-all".to_string(),
+                    vec!["apiserver-b".to_string(), "apiserver-c".to_string()],
+                ),
+            ]),
+            failover_all: Some("fall-all".into()),
+            schema: SCHEMA_VERSION,
+            local_apiserver: "apiserver-a".into(),
+            peer_clusters: BTreeMap::from([("p133".to_string(), vec!["apiserver-b".to_string()])]),
+            group_versions: vec![
+                gv(
+                    "",
+                    "v1",
+                    vec![
+                        pods,
+                        route("pods/resize", false, Some("p133")),
+                        route("namespaces", true, None),
+                    ],
+                ),
+                GroupVersionRoutes {
+                    group: "stable.example.com".into(),
+                    version: "v1".into(),
+                    shared_storage: true,
+                    resources: Vec::new(),
+                },
+            ],
+            discovery: None,
+        };
+        config.validate().expect("valid");
+        let t = RoutingTable::compile(&config);
+        let first = |failover| Upstream::LocalFirst { failover };
+        let cases: Vec<(&str, &str, Upstream, Reason)> = vec![
+            (
+                "GET",
+                "/api/v1/namespaces/ns/pods",
+                first("fall-b"),
+                ServedLocally,
+            ),
+            (
+                "POST",
+                "/api/v1/namespaces/ns/pods",
+                first("fall-b"),
+                ServedLocally,
+            ),
+            // A subresource nobody lists follows its resource.
+            (
+                "GET",
+                "/api/v1/namespaces/ns/pods/p/log",
+                first("fall-b"),
+                ServedLocally,
+            ),
+            (
+                "PATCH",
+                "/api/v1/namespaces/ns/pods/p/resize",
+                Upstream::Peer { cluster: "p133" },
+                ServedByPeer,
+            ),
+            // Only the local apiserver serves it: nowhere else to go.
+            ("GET", "/api/v1/namespaces", Upstream::Local, ServedLocally),
+            // Nobody serves it: the local 404 is the truth.
+            ("GET", "/api/v1/nothings", Upstream::Local, ServedByNobody),
+            // Every apiserver serves these.
+            (
+                "GET",
+                "/apis/stable.example.com/v1/crontabs",
+                first("fall-all"),
+                SharedStorage,
+            ),
+            ("GET", "/version", first("fall-all"), NonResourceRequest),
+            ("GET", "/openapi/v2", first("fall-all"), NonResourceRequest),
+            ("GET", "/apis", first("fall-all"), NonResourceRequest),
+            // This node's own health and metrics never leave it.
+            ("GET", "/readyz", Upstream::Local, NonResourceRequest),
+            ("GET", "/readyz/etcd", Upstream::Local, NonResourceRequest),
+            ("GET", "/livez?verbose", Upstream::Local, NonResourceRequest),
+            ("GET", "/healthz", Upstream::Local, NonResourceRequest),
+            ("GET", "/metrics", Upstream::Local, NonResourceRequest),
+            ("GET", "/debug/pprof/", Upstream::Local, NonResourceRequest),
+            // Not a health endpoint, only a look-alike.
+            ("GET", "/readyzz", first("fall-all"), NonResourceRequest),
+            (
+                "GET",
+                "/api/v1/namespaces/%zz",
+                Upstream::Local,
+                Unparseable,
+            ),
+        ];
+        for (method, path, upstream, reason) in cases {
+            assert_eq!(
+                t.route(method, path).1,
+                Decision { upstream, reason },
+                "{method} {path}"
+            );
+        }
+        assert_eq!(t.failover_all(), Some("fall-all"));
+
+        // A failover cluster that is not declared, or on a key the local apiserver does not
+        // serve, is refused.
+        let mut bad = config.clone();
+        bad.failover_all = Some("nope".into());
+        assert!(bad.validate().is_err());
+        let mut bad = config.clone();
+        bad.group_versions[0].resources[1].failover_cluster = Some("fall-b".into());
+        assert!(bad.validate().is_err());
+        let mut bad = config;
+        bad.failover_clusters
+            .insert("p133".into(), vec!["apiserver-b".into()]);
+        assert!(
+            bad.validate().is_err(),
+            "a failover cluster named like a peer cluster"
+        );
     }
 }

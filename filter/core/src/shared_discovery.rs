@@ -637,6 +637,8 @@ mod tests {
             discovery: None,
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),
+            failover_clusters: Default::default(),
+            failover_all: None,
             fallback: None,
         };
         let replacement = |compiled: &CompiledConfig| {

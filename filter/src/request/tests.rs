@@ -54,9 +54,11 @@ fn compiled_with(pending: &[&str]) -> Rc<Configured> {
         local,
         peer_cluster: peer.map(str::to_string),
         retained: false,
+        failover_cluster: None,
     };
     let retained = |name: &str| ResourceRoute {
         retained: true,
+        failover_cluster: None,
         ..resource(name, false, None)
     };
     let gv = |group: &str, version: &str, resources| GroupVersionRoutes {
@@ -68,6 +70,8 @@ fn compiled_with(pending: &[&str]) -> Rc<Configured> {
     let config = FilterConfig {
         fallback: None,
         pending_peers: pending.iter().map(|p| p.to_string()).collect(),
+        failover_clusters: Default::default(),
+        failover_all: None,
         openapi_v3: BTreeMap::from([(
             "apis/resource.k8s.io/v1beta2".to_string(),
             skewgate_core::config::OpenApiPeerEntry {
