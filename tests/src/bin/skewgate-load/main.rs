@@ -13,9 +13,14 @@
 //! `report` classifies recorded results again against the truth file (see `truth.rs` for its
 //! format and for what "required" means): a **wrong 404** is a 404 for a GVR that a required
 //! version serves (at the request's start and at its end); a **hiding sample** is a discovery
-//! sample that lacks a group-version a required version serves.
+//! sample that lacks a group-version a required version serves. Against the driver's record of
+//! what ran when (`running.rs`): an **avoidable 503** is a 503 for a GVR that an apiserver the
+//! node's Envoy could reach served throughout the request; a request **cut by an Envoy
+//! restart** got no answer (refused, closed, reset) from a node whose Envoy was down at some
+//! moment of it.
 
 mod report;
+mod running;
 mod truth;
 
 use std::path::{Path, PathBuf};
@@ -66,6 +71,10 @@ struct ReportArgs {
     /// The driver's truth file (`<unix ms> <phase> <versions>` per line).
     #[arg(long)]
     truth: PathBuf,
+    /// The driver's record of what ran when (`<unix ms> <node> apiserver|envoy ready|stopped
+    /// [version]` per line, see running.rs).
+    #[arg(long)]
+    running: PathBuf,
     /// Folder of `k8s-<version>` discovery fixtures.
     #[arg(long)]
     fixtures: PathBuf,

@@ -1,11 +1,14 @@
 //! Classifies the recorded requests and samples against the driver's truth and prints the
 //! per-phase table (markdown) on stdout; writes the same numbers to `summary.json`.
 //!
-//! A result belongs to the phase in force when it was sent. A request is **2xx**, **503**, a
-//! **wrong 404** (a version required both when it was sent and when it ended serves the GVR),
-//! an **expected 404** (no required version serves it: the API is legitimately gone), or
-//! **other** (no answer: timeout, connection error, shed; or any other status). The **longest
-//! 503 window** is the longest run of consecutive 503s of one node and GVR, from the first one's
+//! A result belongs to the phase in force when it was sent. A request is **cut by an Envoy
+//! restart** (no answer, or an answer cut short, and the node's Envoy was down at some moment of
+//! the request, per the driver's `--running` record), else **2xx**, **503**, a **wrong 404** (a
+//! version required both when it was sent and when it ended serves the GVR), an **expected 404**
+//! (no required version serves it: the API is legitimately gone), or **other** (no answer:
+//! timeout, connection error, shed; or any other status). A 503 is also **avoidable** when an
+//! apiserver that the node's Envoy could reach served the GVR throughout the request (its own,
+//! or a peer's whose Envoy was up too; `running.rs`). The **longest 503 window** is the longest run of consecutive 503s of one node and GVR, from the first one's
 //! start to the last one's end. A discovery sample that got a document is **hiding** when it
 //! lacks a group-version that a required version serves (both at its start and at its end),
 //! and **stale-marked** when it marks any group-version `freshness: Stale`.
@@ -18,6 +21,7 @@ use anyhow::Context;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::running::{Component, Running};
 use crate::truth::{self, Catalog, Entry};
 use crate::{ReportArgs, RequestRecord, SampleRecord};
 
@@ -32,8 +36,15 @@ struct Stats {
     requests: u64,
     ok_2xx: u64,
     unavailable_503: u64,
+    /// 503s while an apiserver the node's Envoy could reach served the GVR
+    avoidable_503: u64,
+    /// of those, the ones while the node's own apiserver was not up throughout
+    avoidable_503_local_down: u64,
     wrong_404: u64,
     expected_404: u64,
+    cut_by_envoy_restart: u64,
+    /// of those, the ones refused or reset while connecting (nothing was sent)
+    cut_at_connect: u64,
     other: u64,
     shed: u64,
     longest_503_window_ms: u64,
@@ -45,6 +56,8 @@ struct Stats {
     /// group-versions marked Stale, with how many samples marked each
     stale_gvs: BTreeMap<String, u64>,
     wrong_404_examples: Vec<String>,
+    avoidable_503_examples: Vec<String>,
+    cut_examples: Vec<String>,
     hiding_examples: Vec<String>,
     other_examples: Vec<String>,
 }
@@ -100,6 +113,10 @@ pub fn report_records(
         "the truth file {} is empty",
         args.truth.display()
     );
+    let running = Running::parse(
+        &std::fs::read_to_string(&args.running)
+            .with_context(|| format!("reading {}", args.running.display()))?,
+    );
     requests.sort_by_key(|r| r.t0);
     let settle = args.settle.as_millis() as u64;
 
@@ -154,9 +171,48 @@ pub fn report_records(
         };
         s.requests += 1;
         let key = (r.node.clone(), r.gvr.clone());
+        let failed = r.err.as_deref().is_some_and(|e| !e.starts_with("shed"));
         match r.status {
+            _ if failed && running.envoy_down_during(&r.node, r.t0, r.t1) => {
+                s.cut_by_envoy_restart += 1;
+                if r.err.as_deref().is_some_and(|e| e.starts_with("connect")) {
+                    s.cut_at_connect += 1;
+                }
+                push_example(&mut s.cut_examples, || {
+                    format!(
+                        "{} {} at {}: {} {}",
+                        r.node,
+                        r.gvr,
+                        r.t0,
+                        r.status,
+                        r.err.as_deref().unwrap_or("")
+                    )
+                });
+            }
             200..=299 => s.ok_2xx += 1,
-            503 => s.unavailable_503 += 1,
+            503 => {
+                s.unavailable_503 += 1;
+                let servers = running.servers(&catalog, &r.node, &r.gvr, r.t0, r.t1);
+                if !servers.is_empty() {
+                    s.avoidable_503 += 1;
+                    let local_up = running
+                        .up_throughout(&r.node, Component::Apiserver, r.t0, r.t1)
+                        .is_some();
+                    if !local_up {
+                        s.avoidable_503_local_down += 1;
+                    }
+                    push_example(&mut s.avoidable_503_examples, || {
+                        format!(
+                            "{} {} at {} (its own apiserver {}; served by {})",
+                            r.node,
+                            r.gvr,
+                            r.t0,
+                            if local_up { "up" } else { "down" },
+                            servers.into_iter().collect::<Vec<_>>().join(", ")
+                        )
+                    });
+                }
+            }
             404 => {
                 if catalog.serves(&required(r.t0), &r.gvr)
                     && catalog.serves(&required(r.t1), &r.gvr)
@@ -244,8 +300,12 @@ pub fn report_records(
         total.requests += s.requests;
         total.ok_2xx += s.ok_2xx;
         total.unavailable_503 += s.unavailable_503;
+        total.avoidable_503 += s.avoidable_503;
+        total.avoidable_503_local_down += s.avoidable_503_local_down;
         total.wrong_404 += s.wrong_404;
         total.expected_404 += s.expected_404;
+        total.cut_by_envoy_restart += s.cut_by_envoy_restart;
+        total.cut_at_connect += s.cut_at_connect;
         total.other += s.other;
         total.shed += s.shed;
         if s.longest_503_window_ms > total.longest_503_window_ms {
@@ -262,21 +322,23 @@ pub fn report_records(
     }
 
     println!(
-        "| phase | s | requests | 2xx | 503 | wrong 404 | expected 404 | other errors | longest 503 window | discovery samples (failed) | hiding samples | stale-marked samples |"
+        "| phase | s | requests | 2xx | 503 | avoidable 503 | wrong 404 | expected 404 | cut by Envoy restart | other errors | longest 503 window | discovery samples (failed) | hiding samples | stale-marked samples |"
     );
     println!(
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for s in phases.iter().chain(std::iter::once(&total)) {
         println!(
-            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {:.1} s | {} ({}) | {} | {} |",
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s | {} ({}) | {} | {} |",
             s.phase,
             s.seconds,
             s.requests,
             s.ok_2xx,
             s.unavailable_503,
+            s.avoidable_503,
             s.wrong_404,
             s.expected_404,
+            s.cut_by_envoy_restart,
             s.other,
             s.longest_503_window_ms as f64 / 1000.0,
             s.samples,
@@ -294,8 +356,25 @@ pub fn report_records(
                 s.longest_503_window_ms as f64 / 1000.0
             );
         }
+        if s.avoidable_503 > 0 {
+            println!(
+                "#   {} avoidable 503s: {} ({} while the node's own apiserver was down)",
+                s.phase, s.avoidable_503, s.avoidable_503_local_down
+            );
+        }
+        if s.cut_by_envoy_restart > 0 {
+            println!(
+                "#   {} cut by Envoy restart: {} ({} refused or reset while connecting, {} in flight)",
+                s.phase,
+                s.cut_by_envoy_restart,
+                s.cut_at_connect,
+                s.cut_by_envoy_restart - s.cut_at_connect
+            );
+        }
         for (what, ex) in [
             ("wrong 404", &s.wrong_404_examples),
+            ("avoidable 503", &s.avoidable_503_examples),
+            ("cut by Envoy restart", &s.cut_examples),
             ("hiding", &s.hiding_examples),
             ("other", &s.other_examples),
         ] {
@@ -317,4 +396,127 @@ pub fn report_records(
         serde_json::to_vec_pretty(&summary)?,
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn req(t0: u64, node: &str, gvr: &str, status: u16, err: Option<&str>) -> RequestRecord {
+        RequestRecord {
+            t0,
+            t1: t0 + 50,
+            node: node.to_string(),
+            gvr: gvr.to_string(),
+            status,
+            err: err.map(str::to_string),
+            by: None,
+        }
+    }
+
+    /// node-1's apiserver down from 1000 to 2000, node-2's Envoy restarting from 3000 to 3500;
+    /// node-2 runs 1.30 throughout, node-1 comes back as 1.33.
+    #[test]
+    fn avoidable_503s_and_cut_requests() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let truth = dir.path().join("truth");
+        let running = dir.path().join("running");
+        std::fs::write(
+            &truth,
+            "0 baseline 1.30\n900 upgrade 1.30,1.33\n2900 restart 1.30,1.33\n5000 end\n",
+        )
+        .expect("truth");
+        std::fs::write(
+            &running,
+            "0 node-1 apiserver ready 1.30\n0 node-2 apiserver ready 1.30\n0 node-1 envoy ready\n\
+             0 node-2 envoy ready\n1000 node-1 apiserver stopped\n2000 node-1 apiserver ready 1.33\n\
+             3000 node-2 envoy stopped\n3500 node-2 envoy ready\n",
+        )
+        .expect("running");
+        let v1beta2 = "resource.k8s.io/v1beta2/resourceclaims";
+        let requests = vec![
+            req(100, "node-1", "v1/pods", 200, None),
+            // node-1's apiserver down: pods are node-2's too (avoidable), v1beta2 nobody's.
+            req(1100, "node-1", "v1/pods", 503, None),
+            req(1200, "node-1", v1beta2, 503, None),
+            // In flight when node-1 came back: not up throughout, so not avoidable.
+            req(1980, "node-2", v1beta2, 503, None),
+            // node-2's apiserver up and serving pods: a 503 from node-2 is avoidable.
+            req(2500, "node-2", "v1/pods", 503, None),
+            // node-2's Envoy down: cut (refused, in flight), whatever the status.
+            req(
+                2990,
+                "node-2",
+                "v1/pods",
+                0,
+                Some("request: connection closed"),
+            ),
+            req(
+                3100,
+                "node-2",
+                "v1/pods",
+                0,
+                Some("connect: Connection refused"),
+            ),
+            req(3200, "node-2", "v1/pods", 200, Some("body: reset")),
+            // node-1 while node-2's Envoy is down: its apiserver is out of reach, so a 503 for
+            // what only node-2 serves is not avoidable; a shed tick is not cut.
+            req(
+                3100,
+                "node-1",
+                "resource.k8s.io/v1alpha2/resourceclaims",
+                503,
+                None,
+            ),
+            req(
+                3150,
+                "node-2",
+                "v1/pods",
+                0,
+                Some("shed: 256 requests in flight"),
+            ),
+            // An error after the Envoy is back is not a cut by its restart.
+            req(
+                3600,
+                "node-2",
+                "v1/pods",
+                0,
+                Some("connect: Connection refused"),
+            ),
+        ];
+        let args = ReportArgs {
+            out: dir.path().to_path_buf(),
+            truth,
+            running,
+            fixtures: Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/discovery"),
+            settle: Duration::from_millis(0),
+        };
+        report_records(&args, requests, Vec::new()).expect("report");
+        let summary: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join("summary.json")).expect("summary"),
+        )
+        .expect("json");
+        let phase = |name: &str| {
+            summary["phases"]
+                .as_array()
+                .and_then(|p| p.iter().find(|s| s["phase"] == name))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let upgrade = phase("upgrade");
+        assert_eq!(upgrade["unavailable_503"], 4);
+        assert_eq!(upgrade["avoidable_503"], 2);
+        assert_eq!(upgrade["avoidable_503_local_down"], 1);
+        let restart = phase("restart");
+        assert_eq!(restart["cut_by_envoy_restart"], 3);
+        assert_eq!(restart["cut_at_connect"], 1);
+        assert_eq!(restart["unavailable_503"], 1);
+        assert_eq!(restart["avoidable_503"], 0);
+        assert_eq!(restart["other"], 2);
+        assert_eq!(restart["shed"], 1);
+        assert_eq!(phase("total")["requests"], 11);
+    }
 }
