@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde::Serialize;
-use skewgate_core::config::OpenApiPeerEntry;
+use skewgate_core::config::{OpenApiPeerEntry, MAX_CONFIG_BYTES};
 use skewgate_core::group_version::GroupVersion;
 
 use crate::discovery::documents::DiscoveryDocuments;
@@ -102,6 +102,11 @@ pub enum PlanError {
     LocalDiscovery(String),
     #[error("the filter configuration does not validate (a bug): {0}")]
     Invalid(String),
+    #[error(
+        "the routing table alone is {bytes} bytes, more than the filter's {limit}: nothing is \
+         pushed, Envoy keeps its configuration"
+    )]
+    TooLarge { bytes: usize, limit: usize },
     #[error(transparent)]
     Envoy(#[from] EnvoyError),
 }
@@ -229,6 +234,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
     for c in &routing.clusters {
         routed.extend(c.peer_ids.iter().cloned());
     }
+    let merged = fit(&mut routing, merged, MAX_CONFIG_BYTES)?;
     routing
         .config
         .validate()
@@ -252,6 +258,38 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         retained,
         pending,
     })
+}
+
+/// Leave out what is optional until the filter configuration fits the filter's `limit` (it
+/// refuses a larger one: a NACK, and routing would stay on the previous configuration): first
+/// merged discovery (discovery is then each apiserver's own), then the OpenAPI v3 entries (the
+/// local apiserver's `/openapi/v3` stands). A routing table that does not fit by itself is an
+/// error: nothing is pushed and the control plane reports it.
+fn fit(
+    routing: &mut RoutingPlan,
+    merged: MergedOutcome,
+    limit: usize,
+) -> Result<MergedOutcome, PlanError> {
+    let size = |routing: &RoutingPlan| routing.config.to_json().len();
+    let bytes = size(routing);
+    if bytes <= limit {
+        return Ok(merged);
+    }
+    let left_out =
+        format!("the filter configuration would be {bytes} bytes, more than its {limit}");
+    if routing.config.discovery.take().is_some() && size(routing) <= limit {
+        return Ok(MergedOutcome::Skipped {
+            reason: format!("{left_out}: merged discovery left out"),
+        });
+    }
+    routing.config.openapi_v3.clear();
+    let bytes = size(routing);
+    if bytes <= limit {
+        return Ok(MergedOutcome::Skipped {
+            reason: format!("{left_out}: merged discovery and the peers' OpenAPI entries left out"),
+        });
+    }
+    Err(PlanError::TooLarge { bytes, limit })
 }
 
 /// The OpenAPI v3 entries of peer-only group-versions (docs/ARCHITECTURE.md "OpenAPI v3"),
@@ -483,5 +521,73 @@ mod tests {
             &[],
         );
         assert!(p.routing.config.openapi_v3.is_empty());
+    }
+
+    /// A configuration over the filter's limit loses merged discovery first, then the peers'
+    /// OpenAPI entries; a routing table over it alone is an error, never a push the filter
+    /// would refuse (found with 4,096 OpenAPI entries of long group names: 19.9 MB, NACKed,
+    /// routing frozen).
+    #[test]
+    fn a_configuration_over_the_filters_limit_sheds_what_is_optional() {
+        let b_docs = documents("k8s-1.33");
+        let b = addr("10.0.0.12:6444");
+        let full = plan_with(
+            &[ApiserverView {
+                id: "apiserver-b",
+                address: &b,
+                documents: Some(&b_docs),
+            }],
+            &[],
+        );
+        assert!(full.routing.config.discovery.is_some());
+        let size = |r: &RoutingPlan| r.config.to_json().len();
+        let with_openapi = |mut r: RoutingPlan| {
+            r.config.openapi_v3.insert(
+                "apis/x.example.com/v1".into(),
+                OpenApiPeerEntry {
+                    server_relative_url: format!(
+                        "/openapi/v3/apis/x.example.com/v1?hash={}",
+                        "A".repeat(4000)
+                    ),
+                    peer_cluster: r
+                        .config
+                        .peer_clusters
+                        .keys()
+                        .next()
+                        .expect("a peer cluster")
+                        .clone(),
+                },
+            );
+            r
+        };
+        let routing = with_openapi(full.routing.clone());
+        let mut no_discovery = routing.clone();
+        no_discovery.config.discovery = None;
+        let mut table_only = no_discovery.clone();
+        table_only.config.openapi_v3.clear();
+        let included = MergedOutcome::Included { bytes: 1 };
+
+        // Fits: unchanged.
+        let mut r = routing.clone();
+        assert_eq!(
+            fit(&mut r, included.clone(), size(&routing)).expect("fits"),
+            included
+        );
+        assert_eq!(r, routing);
+        // Without merged discovery it fits.
+        let mut r = routing.clone();
+        let outcome = fit(&mut r, included.clone(), size(&no_discovery)).expect("fits");
+        assert!(matches!(outcome, MergedOutcome::Skipped { .. }));
+        assert_eq!(r, no_discovery);
+        // Only without the OpenAPI entries too.
+        let mut r = routing.clone();
+        fit(&mut r, included.clone(), size(&table_only)).expect("fits");
+        assert_eq!(r, table_only);
+        // The table alone is too large.
+        let mut r = routing;
+        assert!(matches!(
+            fit(&mut r, included, size(&table_only) - 1),
+            Err(PlanError::TooLarge { .. })
+        ));
     }
 }
