@@ -85,7 +85,22 @@ struct Document {
     excluded_leases: Vec<Reasoned>,
     shared_storage: Vec<String>,
     matrix: Option<Matrix>,
+    envoy_streams: Vec<EnvoyStream>,
     error: Option<String>,
+}
+
+/// An ADS stream: the Envoy behind it, what its filter reads, how it gets its configuration
+/// (`crate::xds::metrics::StreamFilter`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EnvoyStream {
+    stream: u64,
+    node: String,
+    advertised: String,
+    schemas: Vec<u32>,
+    features: Vec<String>,
+    delivery: String,
+    withheld: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -207,6 +222,9 @@ fn page(doc: &Document, now: SystemTime) -> Markup {
                     (retained(&doc.retained, &names, now))
                 }
                 (apiservers(&doc.apiservers))
+                @if !doc.envoy_streams.is_empty() {
+                    (envoy_streams(&doc.envoy_streams))
+                }
                 @if !doc.pending_peers.is_empty() {
                     h2 { "Peers whose discovery is not known yet" }
                     p { "Requests for what no known apiserver serves get 503 until it is." }
@@ -225,6 +243,35 @@ fn page(doc: &Document, now: SystemTime) -> Markup {
                     p { @for (i, gv) in doc.shared_storage.iter().enumerate() {
                         @if i > 0 { ", " } code { (gv) }
                     } }
+                }
+            }
+        }
+    }
+}
+
+/// Each Envoy on an ADS stream and the filter configuration it gets: one whose filter cannot
+/// read it (more than a release apart) is sent none and keeps what it holds.
+fn envoy_streams(streams: &[EnvoyStream]) -> Markup {
+    let list = |items: Vec<String>| items.join(", ");
+    html! {
+        h2 { "Envoys and their filter's configuration dialect" }
+        table #envoy-streams {
+            thead { tr { th { "Envoy (ADS stream)" } th { "its filter reads" } th { "filter configuration" } } }
+            tbody {
+                @for s in streams {
+                    tr {
+                        td { code { (s.node) } span.id { "stream " (s.stream) } }
+                        td {
+                            "schemas " (list(s.schemas.iter().map(u32::to_string).collect()))
+                            @if !s.features.is_empty() { "; features " (list(s.features.clone())) }
+                            span.id { "advertised: " (s.advertised) }
+                        }
+                        @if s.withheld {
+                            td { span.badge.bad { "withheld" } " " (s.delivery) }
+                        } @else {
+                            td { (s.delivery) }
+                        }
+                    }
                 }
             }
         }
@@ -503,6 +550,13 @@ mod tests {
                      "resources": [{"resource": hostile, "served_by": ["apiserver-aaaa"], "route": "local"}]},
                 ],
             },
+            "envoy_streams": [
+                {"stream": 3, "node": "envoy-a", "advertised": "advertised", "schemas": [1],
+                 "features": [], "delivery": "as rendered", "withheld": false},
+                {"stream": 4, "node": hostile, "advertised": hostile, "schemas": [2, 3],
+                 "features": [hostile], "delivery": "withheld: the filter reads configuration schemas {2, 3}, this configuration can be written in {1} only",
+                 "withheld": true},
+            ],
         })
     }
 
@@ -531,6 +585,16 @@ mod tests {
         assert!(page.contains("apiserver-cccc"), "{page}");
         assert!(page.contains("(in 13m 20s)"), "{page}");
         assert!(page.contains("nowhere: 503 with Retry-After"), "{page}");
+        // Each Envoy's filter dialect, and one whose filter configuration is withheld.
+        assert!(
+            page.contains("<code>envoy-a</code><span class=\"id\">stream 3</span>"),
+            "{page}"
+        );
+        assert!(page.contains("schemas 2, 3"), "{page}");
+        assert!(
+            page.contains("<span class=\"badge bad\">withheld</span> withheld: the filter reads configuration schemas {2, 3}"),
+            "{page}"
+        );
         // Self-contained: no script, no external asset.
         for needle in ["<script", "src=", "<link", "http://", "@import"] {
             assert!(!page.contains(needle), "{needle} in {page}");

@@ -93,3 +93,130 @@ pub mod world {
         )
     }
 }
+
+/// A realistic moment of a rolling upgrade, with every part of the filter configuration a
+/// release renders: the local apiserver on 1.30, a live peer on 1.33 (its OpenAPI v3 root
+/// listing group-versions only it serves), a live peer whose discovery is not known yet
+/// (pending), a departed apiserver that served resource.k8s.io/v1 (a 1.34 rolled back) within
+/// the retention, a CRD in shared storage, and merged discovery.
+///
+/// The previous release's filter configuration for this world is kept as
+/// `filter/core/tests/fixtures/previous-release/filter-config.json` (its PROVENANCE.md says
+/// how it was made).
+pub mod rolling_upgrade {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    use skewgate_core::group_version::GroupVersion;
+
+    use crate::discovery::documents::DiscoveryDocuments;
+    use crate::discovery::APIGroupDiscovery;
+    use crate::envoy::Address;
+    use crate::openapi::OpenApiRoot;
+    use crate::plan::{plan, ApiserverView, Plan, PlanInputs, RetainedView};
+
+    /// The CRD every apiserver serves from etcd.
+    pub const CRD_GROUP_VERSION: (&str, &str) = ("stable.example.com", "v1");
+
+    fn group(json: serde_json::Value) -> APIGroupDiscovery {
+        serde_json::from_value(json).expect("an APIGroupDiscovery")
+    }
+
+    fn with_crd(mut docs: DiscoveryDocuments) -> DiscoveryDocuments {
+        let (g, v) = CRD_GROUP_VERSION;
+        docs.apis.items.push(group(serde_json::json!({
+            "metadata": {"name": g},
+            "versions": [{"version": v, "freshness": "Current", "resources": [{
+                "resource": "crontabs", "responseKind": {"group": g, "version": v, "kind": "CronTab"},
+                "scope": "Namespaced", "singularResource": "crontab", "shortNames": ["ct"],
+                "verbs": ["delete", "deletecollection", "get", "list", "patch", "create", "update", "watch"],
+                "subresources": [{"subresource": "status",
+                    "responseKind": {"group": g, "version": v, "kind": "CronTab"},
+                    "verbs": ["get", "patch", "update"]}]}]}]
+        })));
+        docs
+    }
+
+    /// The OpenAPI v3 root of the 1.33 peer: kube's entries with its 128-digit hashes, for a
+    /// group-version the local apiserver serves too (its own entry stands) and two it does not.
+    fn peer_root() -> OpenApiRoot {
+        let hash = |c: char| c.to_string().repeat(128);
+        OpenApiRoot {
+            paths: [
+                ("api/v1", hash('1')),
+                ("apis/coordination.k8s.io/v1beta1", hash('2')),
+                ("apis/resource.k8s.io/v1beta2", hash('3')),
+            ]
+            .into_iter()
+            .map(|(path, hash)| (path.to_string(), format!("/openapi/v3/{path}?hash={hash}")))
+            .collect(),
+        }
+    }
+
+    /// 1.33 and resource.k8s.io/v1 (GA in 1.34).
+    fn rolled_back() -> DiscoveryDocuments {
+        let mut docs = super::documents("k8s-1.33");
+        let kind =
+            |k: &str| serde_json::json!({"group": "resource.k8s.io", "version": "v1", "kind": k});
+        let v1 = serde_json::json!({"version": "v1", "freshness": "Current", "resources": [
+            {"resource": "resourceclaims", "responseKind": kind("ResourceClaim"), "scope": "Namespaced",
+             "singularResource": "resourceclaim", "verbs": ["create", "delete", "get", "list", "watch"],
+             "subresources": [{"subresource": "status", "responseKind": kind("ResourceClaim"),
+                               "verbs": ["get", "patch", "update"]}]},
+            {"resource": "deviceclasses", "responseKind": kind("DeviceClass"), "scope": "Cluster",
+             "singularResource": "deviceclass", "verbs": ["create", "delete", "get", "list", "watch"]}]});
+        let resource = docs
+            .apis
+            .items
+            .iter_mut()
+            .find(|g| g.metadata.name == "resource.k8s.io")
+            .expect("1.33 serves resource.k8s.io");
+        let mut versions = vec![serde_json::from_value(v1).expect("a version")];
+        versions.append(&mut resource.versions);
+        resource.versions = versions;
+        docs
+    }
+
+    /// The plan of this world.
+    pub fn plan_it() -> Plan {
+        let local_docs = with_crd(super::documents("k8s-1.30"));
+        let mut peer_docs = with_crd(super::documents("k8s-1.33"));
+        peer_docs.openapi = Some(peer_root());
+        let departed = rolled_back();
+        let (local, b, c) = (
+            Address::parse("127.0.0.1:6443").expect("address"),
+            Address::parse("10.0.0.12:6444").expect("address"),
+            Address::parse("10.0.0.13:6444").expect("address"),
+        );
+        let peers = [
+            ApiserverView {
+                id: "apiserver-b",
+                address: &b,
+                documents: Some(&peer_docs),
+            },
+            ApiserverView {
+                id: "apiserver-c",
+                address: &c,
+                documents: None,
+            },
+        ];
+        let retained = [RetainedView {
+            id: "apiserver-d",
+            documents: &departed,
+        }];
+        let (g, v) = CRD_GROUP_VERSION;
+        plan(&PlanInputs {
+            local: ApiserverView {
+                id: "apiserver-a",
+                address: &local,
+                documents: Some(&local_docs),
+            },
+            peers: &peers,
+            retained: &retained,
+            shared_storage: &BTreeSet::from([GroupVersion::new(g, v)]),
+            wasm_path: Path::new("/opt/skewgate/skewgate_filter.wasm"),
+            upstream_sds: None,
+        })
+        .expect("plans")
+    }
+}

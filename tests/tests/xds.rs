@@ -9,21 +9,31 @@
 //! restarts at the same socket (the dead server's socket file replaced) while traffic flows: no gap, and the reconnecting Envoy is
 //! resynced from the versions it reports; (e) the restarted server pushes the next change
 //! (the peer leaves: its cluster is removed after the configuration that no longer names it).
+//!
+//! And skewgate's own version skew: one control plane, three Envoys whose bootstraps advertise
+//! this release's filter dialect, nothing (the previous release), and only a later schema
+//! than this control plane writes. The first two are configured as usual; the third is sent
+//! its clusters but no filter configuration (no NACK), serves its bootstrap's fallback, and the
+//! control plane reports it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use prost::Message;
 use skewgate_control::envoy::bootstrap::{Bootstrap, ConfigSource};
+use skewgate_control::envoy::fallback::FallbackInputs;
 use skewgate_control::envoy::resources::filter_extension_config;
 use skewgate_control::envoy::{Address, FILTER_NAME};
 use skewgate_control::local_channels::{self, LocalChannel, LocalChannels};
 use skewgate_control::routing::{self, Peer, RoutingPlan};
+use skewgate_control::xds::dialect::node_metadata;
 use skewgate_control::xds::{
     self, Snapshot, SnapshotInputs, XdsError, XdsMetrics, CLUSTER_TYPE_URL,
     EXTENSION_CONFIG_TYPE_URL,
 };
+use skewgate_core::config::{FilterDialect, SCHEMA_VERSION};
 use skewgate_tests::{
     free_port, header, wait_until, wasm_path, Envoy, Probe, SimApiserver, DEFAULT_REQUEST_TIMEOUT,
 };
@@ -290,7 +300,7 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
         clusters: good.clusters.clone(),
         extension_configs: Snapshot::new([], [filter_extension_config(wasm, &bad_json)])
             .extension_configs,
-        acknowledged: None,
+        ..Default::default()
     });
     publisher.send_replace(Some(bad.clone()));
     wait_until(
@@ -400,5 +410,202 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
 
     server2.stop().await?;
     drop(publisher);
+    Ok(())
+}
+
+/// What an Envoy's bootstrap says its filter reads.
+#[derive(Debug, Clone, Copy)]
+enum Advertises {
+    /// What the bootstrap writes: this release's filter.
+    ThisFilter,
+    /// No node metadata: a bootstrap of the release before filters advertised a dialect.
+    Nothing,
+    /// Only a schema newer than this control plane writes (a filter more than a release
+    /// ahead).
+    LaterSchema,
+}
+
+/// Envoy on the live bootstrap, its node metadata as `advertises` says, its own admin socket
+/// in `dir`, the ADS stream on `xds`, and a local-only fallback after a short wait.
+async fn envoy_advertising(
+    advertises: Advertises,
+    node_id: &str,
+    dir: &std::path::Path,
+    xds: &LocalChannel,
+    local: &SimApiserver,
+) -> Result<Envoy> {
+    let channels = LocalChannels::unix(dir)?;
+    let listen = Address::parse(&format!("127.0.0.1:{}", free_port()?))?;
+    let wasm = wasm_path()?;
+    let mut bootstrap = Bootstrap {
+        listen: &listen,
+        admin: channels.admin(),
+        config_source: ConfigSource::Ads { xds },
+        node_id,
+        request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        serving: None,
+        sds_dir: None,
+        peer: None,
+        fallback: Some(FallbackInputs {
+            wait: Duration::from_secs(2),
+            wasm_path: &wasm,
+            local: &local.address,
+            upstream_sds: None,
+            local_apiserver: &local.id,
+            acknowledged: None,
+        }),
+    }
+    .build()?;
+    let node = bootstrap
+        .node
+        .as_mut()
+        .context("the bootstrap has a node")?;
+    match advertises {
+        Advertises::ThisFilter => {}
+        Advertises::Nothing => node.metadata = None,
+        Advertises::LaterSchema => {
+            node.metadata = Some(node_metadata(&FilterDialect {
+                schemas: [SCHEMA_VERSION + 1].into(),
+                features: Default::default(),
+            }))
+        }
+    }
+    Envoy::spawn(&bootstrap.encode_to_vec(), listen).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_filter_configuration_goes_only_to_an_envoy_whose_filter_reads_it() -> Result<()> {
+    init_logs();
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
+    let snapshot = snapshot(&plan(&a, &[&b])?, &a, &[&b])?;
+    let (_publisher, snapshots) = watch::channel(Some(snapshot));
+    let metrics = Arc::new(XdsMetrics::new());
+    let sockets = tempfile::tempdir()?;
+    let channels = LocalChannels::unix(sockets.path())?;
+    let xds = channels.xds();
+    let LocalChannel::Unix(xds_socket) = xds else {
+        bail!("the default is a Unix socket");
+    };
+    let server = XdsServer::start(xds_socket, snapshots, metrics.clone()).await?;
+    let dirs = [
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+    ];
+    let current = envoy_advertising(
+        Advertises::ThisFilter,
+        "envoy-current",
+        dirs[0].path(),
+        xds,
+        &a,
+    )
+    .await?;
+    let previous = envoy_advertising(
+        Advertises::Nothing,
+        "envoy-previous",
+        dirs[1].path(),
+        xds,
+        &a,
+    )
+    .await?;
+    let later = envoy_advertising(
+        Advertises::LaterSchema,
+        "envoy-later",
+        dirs[2].path(),
+        xds,
+        &a,
+    )
+    .await?;
+
+    // This release's filter, and one that advertises nothing (the previous release), are
+    // configured as usual: the peer-only resource goes to the peer.
+    for envoy in [&current, &previous] {
+        wait_routed(envoy, CLAIMS_V1BETA2, 200, "apiserver-b").await?;
+        assert_eq!(get(envoy, DEPLOYMENTS).await?, (200, "apiserver-a".into()));
+    }
+
+    // The filter that reads only a later schema is sent its clusters, never a filter
+    // configuration: its ECDS wait expires and it serves its bootstrap's local-only fallback
+    // (the peer-only resource: 503, never the local 404), with no NACK.
+    wait_routed(&later, DEPLOYMENTS, 200, "apiserver-a").await?;
+    assert_eq!(
+        later
+            .stat("extension_config_discovery.http_filter.skewgate.init_fetch_timeout")
+            .await?,
+        1,
+        "{}",
+        later.log()
+    );
+    assert_eq!(
+        later
+            .stat("wasmcustom.skewgate_fallback_configuration")
+            .await?,
+        1
+    );
+    assert_eq!(get(&later, CLAIMS_V1BETA2).await?.0, 503);
+    assert!(
+        later
+            .admin("/clusters")
+            .await?
+            .contains("skewgate-local-identity"),
+        "the clusters were sent"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let filters = metrics.stream_filters();
+    let by_node = |node: &str| {
+        filters
+            .iter()
+            .find(|f| f.node == node)
+            .with_context(|| format!("no stream of {node}: {filters:?}"))
+    };
+    eprintln!(
+        "streams: {filters:#?}\nresponses: CDS {}, ECDS {}; NACKs: CDS {}, ECDS {}; readyz notes: {:?}",
+        metrics.responses(CDS),
+        metrics.responses(ECDS),
+        metrics.nacks(CDS),
+        metrics.nacks(ECDS),
+        metrics.readiness_notes()
+    );
+    assert_eq!(
+        metrics.responses(ECDS),
+        2,
+        "one filter configuration each for current and previous"
+    );
+    assert_eq!(metrics.responses(CDS), 3, "clusters for all three");
+    assert_eq!(metrics.nacks(CDS) + metrics.nacks(ECDS), 0);
+    assert_eq!(
+        (metrics.incompatible_streams(), metrics.incompatible_total()),
+        (1, 1)
+    );
+    let later_stream = by_node("envoy-later")?;
+    assert!(later_stream.withheld);
+    assert_eq!(later_stream.schemas, [SCHEMA_VERSION + 1]);
+    assert!(
+        later_stream.delivery.starts_with("withheld: "),
+        "{later_stream:?}"
+    );
+    let notes = metrics.readiness_notes();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains("envoy-later"), "{notes:?}");
+    for (node, advertised) in [
+        ("envoy-current", "advertised"),
+        ("envoy-previous", "nothing"),
+    ] {
+        let stream = by_node(node)?;
+        assert_eq!(
+            (
+                stream.advertised.as_str(),
+                stream.delivery.as_str(),
+                stream.withheld
+            ),
+            (advertised, "as rendered", false)
+        );
+    }
+    // Still serving, still nothing sent.
+    assert_eq!(get(&later, DEPLOYMENTS).await?, (200, "apiserver-a".into()));
+    assert_eq!(metrics.responses(ECDS), 2);
+
+    server.stop().await?;
     Ok(())
 }

@@ -80,6 +80,8 @@ use super::resources::{envoy_address, proto_duration, HTTP_PROTOCOL_OPTIONS, WAS
 use super::secrets::{sds_secret_config, CLIENT_CA_SECRET, SERVING_SECRET};
 use super::{checked_path, Address, EnvoyError, FILTER_NAME, REQUEST_TIMEOUT_MARGIN};
 use crate::local_channels::{LocalChannel, SOCKET_MODE};
+use crate::xds::dialect::node_metadata;
+use skewgate_core::config::FilterDialect;
 
 /// The listener clients connect to, and its route table and virtual host.
 pub const LISTENER_NAME: &str = "apiserver";
@@ -814,10 +816,14 @@ impl Bootstrap<'_> {
         }
         Ok(EnvoyBootstrap {
             // Identifies this Envoy to the control plane (logs, and one stream per Envoy);
-            // Envoy also requires a node for file-based xDS.
+            // Envoy also requires a node for file-based xDS. Its metadata says what the filter
+            // this bootstrap loads reads (this binary is the filter's release): the control
+            // plane renders the filter configuration for it (docs/ARCHITECTURE.md,
+            // "skewgate's own upgrades").
             node: Some(Node {
                 id: self.node_id.into(),
                 cluster: "skewgate".into(),
+                metadata: Some(node_metadata(&FilterDialect::this_filter())),
                 ..Default::default()
             }),
             // Admin can stop Envoy, drain its listeners, dump its configuration and raise its
@@ -1018,6 +1024,14 @@ mod tests {
         let rendered = live(&listen, &channels).render().expect("renders");
         let b = EnvoyBootstrap::decode(rendered.as_slice()).expect("decodes");
         assert_eq!(b.node.as_ref().map(|n| n.id.as_str()), Some("apiserver-a"));
+        // The node says what this release's filter reads, as the xDS server reads it back.
+        assert_eq!(
+            crate::xds::dialect::negotiate(b.node.as_ref()),
+            crate::xds::dialect::Negotiated {
+                dialect: FilterDialect::this_filter(),
+                advertised: crate::xds::dialect::Advertised::Yes,
+            }
+        );
         // Admin and xDS on Unix sockets only the owner may open; Envoy binds admin.
         assert_eq!(
             address_of(&b.admin.as_ref().expect("admin").address),

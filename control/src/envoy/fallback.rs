@@ -59,8 +59,14 @@ pub struct FallbackInputs<'a> {
 
 /// A snapshot as the fallback needs it: the filter configuration the control plane sent, and
 /// the addresses behind each of its peer clusters (the local apiserver's come from the flags).
+///
+/// Written by `run` (the control plane's image) and read by `bootstrap` (Envoy's image), which
+/// may be a release apart (docs/ARCHITECTURE.md, "skewgate's own upgrades"). So the record
+/// itself tolerates fields it does not know: a newer `run` adding one never makes an older
+/// `bootstrap` fall back to local-only. Its `filter_config` is what Envoy's filter
+/// acknowledged, in the dialect that filter reads, and stays strict: the reader checks it with
+/// its own filter's rules ([`check_record`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct AcknowledgedConfig {
     pub filter_config: FilterConfig,
     /// Peer cluster base name → `host:port` of each apiserver behind it.
@@ -465,6 +471,33 @@ mod tests {
                 None
             )
             .expect("cluster")
+        );
+
+        // A field of a newer record is ignored; the filter configuration inside it is checked as
+        // strictly as ever.
+        let mut newer: serde_json::Value = serde_json::to_value(&record).expect("json");
+        newer["kept_by"] = serde_json::json!({"release": "next", "at": 1_700_000_000});
+        newer["peer_addresses_v2"] = serde_json::json!([]);
+        std::fs::write(
+            dir.path().join(ACKNOWLEDGED_FILE),
+            serde_json::to_vec(&newer).expect("json"),
+        )
+        .expect("write");
+        assert_eq!(
+            read_acknowledged(dir.path()),
+            Ok(Some(record.clone())),
+            "a newer record's additions are ignored"
+        );
+        let mut unknown_in_filter = newer.clone();
+        unknown_in_filter["filter_config"]["failover"] = serde_json::json!({});
+        std::fs::write(
+            dir.path().join(ACKNOWLEDGED_FILE),
+            serde_json::to_vec(&unknown_in_filter).expect("json"),
+        )
+        .expect("write");
+        assert!(
+            read_acknowledged(dir.path()).is_err(),
+            "a filter configuration this filter would refuse is refused"
         );
 
         // A record that cannot be used is an error (bootstrap then renders local-only).

@@ -201,8 +201,16 @@ async fn run_async(config: RunConfig) -> Result<()> {
             shared_metrics.clone(),
             app_metrics.clone(),
         );
+        let (xr, xs) = (xds_metrics.clone(), xds_metrics.clone());
         Arc::new(Health {
-            ready: Box::new(move || s1.ready()),
+            // Ready says nothing about Envoy; a note names an Envoy whose filter cannot read
+            // the filter configuration (skewgate's own version skew).
+            ready: Box::new(move || {
+                s1.ready().map(|mut notes| {
+                    notes.extend(xr.readiness_notes());
+                    notes
+                })
+            }),
             metrics: Box::new(move || {
                 let mut f = am.families();
                 f.extend(pm.families());
@@ -212,7 +220,16 @@ async fn run_async(config: RunConfig) -> Result<()> {
                 f
             }),
             envoy_admin: config.local_channels.envoy_admin().cloned(),
-            skew: Box::new(move |all| s2.skew_json(all)),
+            skew: Box::new(move |all| {
+                let mut doc = s2.skew_json(all);
+                if let Some(doc) = doc.as_object_mut() {
+                    doc.insert(
+                        "envoy_streams".to_string(),
+                        serde_json::to_value(xs.stream_filters()).unwrap_or_default(),
+                    );
+                }
+                doc
+            }),
         })
     };
     // One task for both listeners: either stopping is a failure.

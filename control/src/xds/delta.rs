@@ -14,7 +14,10 @@
 //! - make before break: a filter configuration (ECDS) is sent only once every cluster of the
 //!   snapshot was acknowledged (or refused), and a cluster is removed only once the client
 //!   holds the snapshot's filter configuration. After a refused filter configuration the
-//!   client keeps routing with its previous one, so the clusters that one names stay.
+//!   client keeps routing with its previous one, so the clusters that one names stay;
+//! - a snapshot whose filter configuration is withheld from this client (its filter cannot
+//!   read it: [`Snapshot::filter_withheld`]) sends no filter configuration and removes none:
+//!   the client keeps the one it holds (or its bootstrap's), and so every cluster it has.
 //!
 //! Subscriptions follow the delta protocol: the first request of a type with no names (or with
 //! `*`) is a wildcard subscription (CDS); `*` in `resource_names_unsubscribe` ends it; other
@@ -217,10 +220,11 @@ impl DeltaStream {
         if let Some(cds) = self.types.get(CLUSTER_TYPE_URL) {
             if cds.in_flight.is_none() {
                 let upserts = cds.upserts(clusters);
-                let filters_settled = self
-                    .types
-                    .get(EXTENSION_CONFIG_TYPE_URL)
-                    .is_none_or(|ecds| ecds.in_sync(filters));
+                let filters_settled = !snapshot.filter_withheld
+                    && self
+                        .types
+                        .get(EXTENSION_CONFIG_TYPE_URL)
+                        .is_none_or(|ecds| ecds.in_sync(filters));
                 let removals = if filters_settled {
                     cds.removals(clusters)
                 } else {
@@ -234,6 +238,9 @@ impl DeltaStream {
         }
 
         // Then the filter configuration, once every cluster it may name is in place.
+        if snapshot.filter_withheld {
+            return None;
+        }
         let clusters_ready = self
             .types
             .get(CLUSTER_TYPE_URL)
@@ -331,7 +338,16 @@ mod tests {
                 .iter()
                 .map(|(n, c)| (n.to_string(), versioned(ECDS, c)))
                 .collect(),
-            acknowledged: None,
+            ..Default::default()
+        }
+    }
+
+    /// `s` as a client whose filter cannot read its filter configuration sees it.
+    fn withheld(s: &Snapshot) -> Snapshot {
+        Snapshot {
+            clusters: s.clusters.clone(),
+            filter_withheld: true,
+            ..Default::default()
         }
     }
 
@@ -619,5 +635,50 @@ mod tests {
         st.on_request(&subscribe(ECDS, &["skewgate"]));
         let r = st.next_response(Some(&s2)).expect("subscribed again");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+    }
+
+    #[test]
+    fn a_withheld_filter_configuration_is_neither_sent_nor_removed() {
+        // A client that connects for the first time: its clusters, no filter configuration.
+        let s1 = snap(
+            &[("local", "l"), ("peers-b", "b")],
+            &[("skewgate", "uses b")],
+        );
+        let mut st = DeltaStream::new("t-");
+        st.on_request(&subscribe(CDS, &[]));
+        st.on_request(&subscribe(ECDS, &["skewgate"]));
+        let r = st.next_response(Some(&withheld(&s1))).expect("clusters");
+        assert_eq!(shape(&r), (CDS, vec!["local", "peers-b"], vec![]));
+        st.on_request(&ack(&r));
+        assert_eq!(st.next_response(Some(&withheld(&s1))), None);
+        assert!(st.held(ECDS).expect("ecds").is_empty());
+
+        // A client that holds a filter configuration (from before, or its reconnect): it keeps
+        // it, and the clusters it may name, while new and changed clusters still go out.
+        let mut st = synced(&s1);
+        let held = st.held(ECDS).expect("ecds").clone();
+        let s2 = snap(
+            &[("local", "l2"), ("peers-c", "c")],
+            &[("skewgate", "uses c")],
+        );
+        let r = st.next_response(Some(&withheld(&s2))).expect("clusters");
+        assert_eq!(shape(&r), (CDS, vec!["local", "peers-c"], vec![]));
+        st.on_request(&ack(&r));
+        for _ in 0..3 {
+            assert_eq!(
+                st.next_response(Some(&withheld(&s2))),
+                None,
+                "peers-b stays, the filter configuration is not removed"
+            );
+        }
+        assert_eq!(st.held(ECDS).expect("ecds"), &held);
+        assert!(st.held(CDS).expect("cds").contains_key("peers-b"));
+
+        // Once it can be sent again (a snapshot the filter reads), it goes as usual.
+        let r = st.next_response(Some(&s2)).expect("config");
+        assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+        st.on_request(&ack(&r));
+        let r = st.next_response(Some(&s2)).expect("removal");
+        assert_eq!(shape(&r), (CDS, vec![], vec!["peers-b"]));
     }
 }

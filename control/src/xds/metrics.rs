@@ -8,12 +8,73 @@
 //!   response was sent and accepted; `skewgate_xds_push_age_seconds{type_url}`: how long ago
 //!   the last one was sent.
 //! - `skewgate_xds_streams`: ADS streams open now.
+//! - `skewgate_xds_incompatible_filter_streams`: open streams whose filter reads none of the
+//!   schemas the filter configuration can be written in, so it is sent nothing
+//!   (docs/ARCHITECTURE.md, "skewgate's own upgrades"); `skewgate_xds_incompatible_filter_total`:
+//!   how many times a stream started withholding it.
+//!
+//! Besides the counters, what each open stream's filter reads and how it gets its
+//! configuration ([`StreamFilter`]), for `/readyz` and `/debug/skew`.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
+use serde::Serialize;
+use skewgate_core::config::FilterFeature;
+
+use super::dialect::{Advertised, Negotiated};
+use super::snapshot::FilterDelivery;
 use crate::metrics::{unix_seconds, Families};
+
+/// The longest node id shown (Envoy's node id is the bootstrap's, but it comes over a socket).
+const MAX_NODE_ID: usize = 253;
+
+/// What one open stream's filter reads and how it gets its configuration, as `/debug/skew`
+/// shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StreamFilter {
+    pub stream: u64,
+    /// Envoy's node id, printable ASCII only, at most 253 characters.
+    pub node: String,
+    /// `advertised`, `nothing` (a filter of the release before dialects were advertised), or
+    /// `malformed: <why>` (read as nothing).
+    pub advertised: String,
+    pub schemas: Vec<u32>,
+    pub features: Vec<&'static str>,
+    /// `as rendered`, `without <features>`, or `withheld: <why>`; empty before the first
+    /// snapshot.
+    pub delivery: String,
+    pub withheld: bool,
+}
+
+impl StreamFilter {
+    fn new(stream: u64, node: &str, negotiated: &Negotiated) -> Self {
+        StreamFilter {
+            stream,
+            node: node
+                .chars()
+                .take(MAX_NODE_ID)
+                .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+                .collect(),
+            advertised: match &negotiated.advertised {
+                Advertised::Yes => "advertised".to_string(),
+                Advertised::Nothing => "nothing".to_string(),
+                Advertised::Malformed(why) => format!("malformed: {why}"),
+            },
+            schemas: negotiated.dialect.schemas.iter().copied().collect(),
+            features: negotiated
+                .dialect
+                .features
+                .iter()
+                .map(|f| f.name())
+                .collect(),
+            delivery: String::new(),
+            withheld: false,
+        }
+    }
+}
 
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
 
@@ -35,6 +96,9 @@ pub struct XdsMetrics {
     per_type: [PerType; 2],
     streams: AtomicI64,
     last_nack: Mutex<Option<(String, String)>>,
+    incompatible_total: AtomicU64,
+    /// By stream id; only open streams that sent their first request.
+    filters: Mutex<BTreeMap<u64, StreamFilter>>,
 }
 
 impl XdsMetrics {
@@ -80,8 +144,81 @@ impl XdsMetrics {
         self.streams.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn stream_closed(&self) {
+    pub(crate) fn stream_closed(&self, stream: u64) {
         self.streams.fetch_sub(1, Ordering::Relaxed);
+        if let Ok(mut filters) = self.filters.lock() {
+            filters.remove(&stream);
+        }
+    }
+
+    /// A stream's first request said what its filter reads.
+    pub(crate) fn negotiated(&self, stream: u64, node: &str, negotiated: &Negotiated) {
+        if let Ok(mut filters) = self.filters.lock() {
+            filters.insert(stream, StreamFilter::new(stream, node, negotiated));
+        }
+    }
+
+    /// How a stream's filter gets the current snapshot's configuration (called when that
+    /// changes). Counts a stream that starts withholding it.
+    pub(crate) fn delivery(&self, stream: u64, delivery: &FilterDelivery) {
+        let Ok(mut filters) = self.filters.lock() else {
+            return;
+        };
+        let Some(filter) = filters.get_mut(&stream) else {
+            return;
+        };
+        let withheld = matches!(delivery, FilterDelivery::Withheld(_));
+        if withheld && !filter.withheld {
+            self.incompatible_total.fetch_add(1, Ordering::Relaxed);
+        }
+        filter.withheld = withheld;
+        filter.delivery = match delivery {
+            FilterDelivery::AsRendered => "as rendered".to_string(),
+            FilterDelivery::Without(features) => format!(
+                "without {}",
+                features
+                    .iter()
+                    .map(|f: &FilterFeature| f.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            FilterDelivery::Withheld(why) => format!("withheld: {why}"),
+        };
+    }
+
+    /// What each open stream's filter reads and how it gets its configuration.
+    pub fn stream_filters(&self) -> Vec<StreamFilter> {
+        self.filters
+            .lock()
+            .map(|f| f.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Open streams whose filter configuration is withheld.
+    pub fn incompatible_streams(&self) -> usize {
+        self.filters
+            .lock()
+            .map(|f| f.values().filter(|s| s.withheld).count())
+            .unwrap_or_default()
+    }
+
+    /// `skewgate_xds_incompatible_filter_total`.
+    pub fn incompatible_total(&self) -> u64 {
+        self.incompatible_total.load(Ordering::Relaxed)
+    }
+
+    /// A line for `/readyz` per stream whose filter configuration is withheld.
+    pub fn readiness_notes(&self) -> Vec<String> {
+        self.stream_filters()
+            .into_iter()
+            .filter(|s| s.withheld)
+            .map(|s| {
+                format!(
+                    "Envoy {} (ADS stream {}): no filter configuration sent, it keeps what it holds: {}",
+                    s.node, s.stream, s.delivery
+                )
+            })
+            .collect()
     }
 
     /// `skewgate_xds_nacks_total{type_url}`.
@@ -169,6 +306,16 @@ impl XdsMetrics {
             "ADS streams open.",
             self.streams() as f64,
         );
+        f.gauge(
+            "skewgate_xds_incompatible_filter_streams",
+            "ADS streams whose filter reads none of the schemas the filter configuration can be written in: they are sent no filter configuration.",
+            self.incompatible_streams() as f64,
+        );
+        f.counter(
+            "skewgate_xds_incompatible_filter_total",
+            "Times an ADS stream started withholding the filter configuration from a filter that cannot read it.",
+            self.incompatible_total(),
+        );
         f
     }
 }
@@ -204,5 +351,73 @@ mod tests {
         assert!(!text.contains(&format!(
             "skewgate_xds_push_age_seconds{{type_url=\"{EXTENSION_CONFIG_TYPE_URL}\"}}"
         )));
+    }
+
+    #[test]
+    fn a_withheld_filter_configuration_is_counted_once_and_shown_per_stream() {
+        use std::collections::BTreeSet;
+
+        use skewgate_core::config::{FilterDialect, Unreadable};
+
+        let m = XdsMetrics::new();
+        let later = Negotiated {
+            dialect: FilterDialect {
+                schemas: BTreeSet::from([7]),
+                features: BTreeSet::new(),
+            },
+            advertised: Advertised::Yes,
+        };
+        let withheld = FilterDelivery::Withheld(Unreadable {
+            filter_reads: BTreeSet::from([7]),
+            written_in: BTreeSet::from([1]),
+        });
+        m.stream_opened();
+        m.stream_opened();
+        m.negotiated(1, "envoy-a\n<b>", &later);
+        m.negotiated(
+            2,
+            "envoy-b",
+            &Negotiated {
+                dialect: FilterDialect::unadvertised(),
+                advertised: Advertised::Nothing,
+            },
+        );
+        m.delivery(2, &FilterDelivery::AsRendered);
+        for _ in 0..3 {
+            m.delivery(1, &withheld);
+        }
+        assert_eq!((m.incompatible_streams(), m.incompatible_total()), (1, 1));
+        let text = crate::metrics::encode(&m.families());
+        assert!(
+            text.contains("skewgate_xds_incompatible_filter_streams 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("skewgate_xds_incompatible_filter_total 1\n"),
+            "{text}"
+        );
+        let notes = m.readiness_notes();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with("Envoy envoy-a?<b> (ADS stream 1): no filter configuration sent"),
+            "{notes:?}"
+        );
+        assert!(notes[0].contains("schemas {7}"), "{notes:?}");
+        let shown = m.stream_filters();
+        assert_eq!(shown.len(), 2);
+        assert_eq!(shown[1].advertised, "nothing");
+        assert_eq!(shown[1].delivery, "as rendered");
+        assert_eq!(shown[1].schemas, [1]);
+
+        // Readable again (a newer snapshot), then gone: the gauge follows, the count stays.
+        m.delivery(1, &FilterDelivery::AsRendered);
+        assert_eq!((m.incompatible_streams(), m.incompatible_total()), (0, 1));
+        m.delivery(1, &withheld);
+        assert_eq!((m.incompatible_streams(), m.incompatible_total()), (1, 2));
+        m.stream_closed(1);
+        m.stream_closed(2);
+        assert_eq!((m.incompatible_streams(), m.streams()), (0, 0));
+        assert!(m.stream_filters().is_empty());
+        assert!(m.readiness_notes().is_empty());
     }
 }

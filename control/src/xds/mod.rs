@@ -3,6 +3,9 @@
 //!
 //! - [`snapshot`]: the Envoy resources of a routing plan ([`crate::envoy::resources`]) gathered
 //!   once in a [`Snapshot`] whose resource versions are content hashes.
+//! - [`dialect`]: what the filter behind a stream reads (schema versions, optional features),
+//!   advertised in Envoy's node metadata by the bootstrap and read back by the server, which
+//!   renders each stream's filter configuration for it ([`Snapshot::for_filter`]).
 //! - [`files`]: the same snapshot written as files Envoy reads itself (the static mode).
 //! - [`delta`]: the per-stream bookkeeping of delta xDS as a pure state machine: what the client
 //!   holds, what is in flight, what it refused, and which response is due next.
@@ -16,6 +19,7 @@
 //! configuration that no longer names them was accepted).
 
 pub mod delta;
+pub mod dialect;
 pub mod files;
 pub mod metrics;
 pub mod server;
@@ -23,7 +27,7 @@ pub mod snapshot;
 
 pub use metrics::XdsMetrics;
 pub use server::{serve, Listener};
-pub use snapshot::{Snapshot, SnapshotInputs, Versioned};
+pub use snapshot::{FilterDelivery, Snapshot, SnapshotInputs, Versioned};
 
 /// Type URL of CDS resources.
 pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";

@@ -8,6 +8,11 @@
 //!
 //! State-of-the-World ADS is refused with `UNIMPLEMENTED`: the bootstrap asks for
 //! `DELTA_GRPC`, and SotW would need a second copy of the make-before-break ordering.
+//!
+//! Each stream serves its Envoy's view of the snapshot ([`Snapshot::for_filter`]): the filter
+//! configuration in the dialect that Envoy's filter reads, learnt from the node of the
+//! stream's first request ([`super::dialect::negotiate`]); withheld, and said so once in the
+//! log, in the metrics, on `/readyz` and `/debug/skew`, when it cannot be written in it.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -28,8 +33,9 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::delta::{DeltaStream, Received};
+use super::dialect::{self, Advertised, Negotiated};
 use super::metrics::XdsMetrics;
-use super::snapshot::Snapshot;
+use super::snapshot::{FilterDelivery, Snapshot};
 use super::{XdsError, CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
 use crate::envoy::fallback::{write_acknowledged, AcknowledgedConfig};
 
@@ -104,6 +110,8 @@ impl AggregatedDiscoveryService for Ads {
             state: DeltaStream::new(format!("{id}-")),
             acknowledged_dir: self.acknowledged_dir.clone(),
             kept: None,
+            negotiated: None,
+            view: None,
         };
         tracing::info!(stream = id, %peer, "delta ADS stream opened");
         self.metrics.stream_opened();
@@ -123,13 +131,56 @@ struct StreamTask {
     acknowledged_dir: Option<PathBuf>,
     /// The fallback record last kept by this stream (written again only when it changes).
     kept: Option<Arc<AcknowledgedConfig>>,
+    /// What this stream's filter reads, from the node of its first request.
+    negotiated: Option<Negotiated>,
+    /// The last snapshot and this stream's view of it ([`Snapshot::for_filter`]), so that a
+    /// snapshot is rendered for this filter once.
+    view: Option<(Arc<Snapshot>, Arc<Snapshot>, FilterDelivery)>,
 }
 
 impl StreamTask {
     async fn run(mut self) {
         let why = self.serve().await;
         tracing::info!(stream = self.id, "delta ADS stream closed: {why}");
-        self.metrics.stream_closed();
+        self.metrics.stream_closed(self.id);
+    }
+
+    /// This stream's view of `snapshot`: what its filter reads. `None` without a snapshot, and
+    /// before the first request says what the filter reads (nothing is subscribed then).
+    fn view(&mut self, snapshot: Option<Arc<Snapshot>>) -> Option<Arc<Snapshot>> {
+        let snapshot = snapshot?;
+        let negotiated = self.negotiated.as_ref()?;
+        if let Some((source, view, _)) = &self.view {
+            if Arc::ptr_eq(source, &snapshot) {
+                return Some(view.clone());
+            }
+        }
+        let (view, delivery) = snapshot.for_filter(&negotiated.dialect);
+        let before = self.view.as_ref().map(|(_, _, d)| d);
+        if before != Some(&delivery) {
+            match &delivery {
+                FilterDelivery::Withheld(why) => tracing::warn!(
+                    stream = self.id,
+                    "this Envoy's filter cannot read the filter configuration; it is not sent \
+                     (Envoy keeps serving with what it holds, or its bootstrap's fallback) \
+                     until a configuration it can read: {why}"
+                ),
+                FilterDelivery::Without(features) => tracing::info!(
+                    stream = self.id,
+                    ?features,
+                    "this Envoy's filter does not read some optional features: its filter \
+                     configuration goes without them"
+                ),
+                FilterDelivery::AsRendered if before.is_some() => tracing::info!(
+                    stream = self.id,
+                    "this Envoy's filter reads the filter configuration as rendered again"
+                ),
+                FilterDelivery::AsRendered => {}
+            }
+            self.metrics.delivery(self.id, &delivery);
+        }
+        self.view = Some((snapshot, view.clone(), delivery));
+        Some(view)
     }
 
     async fn serve(&mut self) -> String {
@@ -146,7 +197,8 @@ impl StreamTask {
             }
             // Everything due for the latest snapshot. Reading it marks it seen, so `changed`
             // below wakes only for a newer one.
-            let snapshot = self.snapshots.borrow_and_update().clone();
+            let latest = self.snapshots.borrow_and_update().clone();
+            let snapshot = self.view(latest);
             while let Some(response) = self.state.next_response(snapshot.as_deref()) {
                 tracing::debug!(
                     stream = self.id,
@@ -190,6 +242,41 @@ impl StreamTask {
     }
 
     fn received(&mut self, request: &DeltaDiscoveryRequest) {
+        if self.negotiated.is_none() {
+            // Envoy sends its node on the first request only
+            // (`set_node_on_first_message_only`).
+            let negotiated = dialect::negotiate(request.node.as_ref());
+            let node = request.node.as_ref().map_or("", |n| n.id.as_str());
+            let schemas = &negotiated.dialect.schemas;
+            let features = &negotiated.dialect.features;
+            match &negotiated.advertised {
+                Advertised::Yes => {
+                    tracing::info!(
+                        stream = self.id,
+                        node,
+                        ?schemas,
+                        ?features,
+                        "the filter's dialect"
+                    )
+                }
+                Advertised::Nothing => tracing::info!(
+                    stream = self.id,
+                    node,
+                    ?schemas,
+                    "the filter advertises no dialect: a release before dialects were \
+                     advertised"
+                ),
+                Advertised::Malformed(why) => tracing::warn!(
+                    stream = self.id,
+                    node,
+                    ?schemas,
+                    "the node's skewgate metadata is malformed ({why}): read as a filter that \
+                     advertises nothing"
+                ),
+            }
+            self.metrics.negotiated(self.id, node, &negotiated);
+            self.negotiated = Some(negotiated);
+        }
         let received = self.state.on_request(request);
         let type_url = request.type_url.as_str();
         match received {
@@ -232,12 +319,18 @@ impl StreamTask {
     /// restarts while the control plane is missing. A failure to write is logged; the previous
     /// record (or local-only) stays.
     fn keep_if_acknowledged(&mut self) {
+        if self.acknowledged_dir.is_none() {
+            return;
+        }
+        let latest = self.snapshots.borrow().clone();
+        let Some(snapshot) = self.view(latest) else {
+            return;
+        };
         let Some(dir) = &self.acknowledged_dir else {
             return;
         };
-        let Some(snapshot) = self.snapshots.borrow().clone() else {
-            return;
-        };
+        // The view's record: the configuration as this Envoy's filter holds it, which the
+        // bootstrap of the same image reads back.
         let Some(record) = &snapshot.acknowledged else {
             return;
         };

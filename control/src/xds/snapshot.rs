@@ -5,7 +5,8 @@
 //! always gives the same versions, across restarts of the control plane, which is what lets a
 //! reconnecting Envoy (reporting the versions it holds) be resynced without a push.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
 use prost::Message;
 use sha2::{Digest, Sha256};
+use skewgate_core::config::{FilterDialect, FilterFeature, Unreadable};
 
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
 use crate::envoy::fallback::AcknowledgedConfig;
@@ -68,14 +70,37 @@ pub struct Snapshot {
     pub extension_configs: BTreeMap<String, Versioned>,
     /// This snapshot as Envoy's bootstrap fallback needs it, kept in `run --state-dir` once
     /// Envoy has acknowledged all of it ([`crate::envoy::fallback`]). `None` for snapshots
-    /// not made from a routing plan.
+    /// not made from a routing plan. Its `filter_config` is the one the filter configuration
+    /// was rendered from, and with [`Snapshot::wasm_path`] renders it again for a filter of
+    /// another dialect ([`Snapshot::for_filter`]).
     pub acknowledged: Option<Arc<AcknowledgedConfig>>,
+    /// The filter's code as the filter configuration names it; `None` for snapshots not made
+    /// from a routing plan.
+    pub wasm_path: Option<String>,
+    /// Set on a stream's view of a snapshot whose filter configuration that stream's filter
+    /// cannot read ([`Snapshot::for_filter`]): the filter configuration is neither sent nor
+    /// removed (Envoy keeps what it holds), and the clusters it may name stay.
+    pub filter_withheld: bool,
 }
 
 impl PartialEq for Snapshot {
     fn eq(&self, other: &Self) -> bool {
-        self.clusters == other.clusters && self.extension_configs == other.extension_configs
+        self.clusters == other.clusters
+            && self.extension_configs == other.extension_configs
+            && self.filter_withheld == other.filter_withheld
     }
+}
+
+/// How a snapshot's filter configuration reaches a filter of some dialect
+/// ([`Snapshot::for_filter`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FilterDelivery {
+    /// As rendered: the filter reads all of it.
+    AsRendered,
+    /// Rendered again without these optional features, which the filter does not read.
+    Without(BTreeSet<FilterFeature>),
+    /// Not sent: the filter reads none of the schemas it can be written in.
+    Withheld(Unreadable),
 }
 
 impl Snapshot {
@@ -94,6 +119,8 @@ impl Snapshot {
                 .map(|e| (e.name.clone(), Versioned::new(pack_any(e))))
                 .collect(),
             acknowledged: None,
+            wasm_path: None,
+            filter_withheld: false,
         }
     }
 
@@ -116,7 +143,7 @@ impl Snapshot {
         Snapshot {
             clusters: clusters.into_iter().filter_map(by_name).collect(),
             extension_configs: extension_configs.into_iter().filter_map(by_name).collect(),
-            acknowledged: None,
+            ..Default::default()
         }
     }
 
@@ -143,8 +170,58 @@ impl Snapshot {
         };
         Ok(Snapshot {
             acknowledged: Some(Arc::new(acknowledged)),
+            wasm_path: Some(wasm.to_string()),
             ..snapshot
         })
+    }
+
+    /// This snapshot as the Envoy whose filter reads `dialect` gets it (docs/ARCHITECTURE.md,
+    /// "skewgate's own upgrades"): the same snapshot when the filter reads its filter
+    /// configuration as it is (the usual case, no copy); with the filter configuration
+    /// rendered again without what the filter does not read
+    /// ([`FilterConfig::for_dialect`](skewgate_core::config::FilterConfig::for_dialect)); or,
+    /// when the filter cannot read it at all, with the filter configuration withheld. The
+    /// fallback record of a view is what that filter would hold. A snapshot not made from a
+    /// routing plan is the same for every dialect.
+    pub fn for_filter(
+        self: &Arc<Self>,
+        dialect: &FilterDialect,
+    ) -> (Arc<Snapshot>, FilterDelivery) {
+        let (Some(acknowledged), Some(wasm)) = (&self.acknowledged, &self.wasm_path) else {
+            return (self.clone(), FilterDelivery::AsRendered);
+        };
+        let config = match acknowledged.filter_config.for_dialect(dialect) {
+            Ok(Cow::Borrowed(_)) => return (self.clone(), FilterDelivery::AsRendered),
+            Ok(Cow::Owned(config)) => config,
+            Err(unreadable) => {
+                let withheld = Snapshot {
+                    clusters: self.clusters.clone(),
+                    extension_configs: BTreeMap::new(),
+                    acknowledged: None,
+                    wasm_path: None,
+                    filter_withheld: true,
+                };
+                return (Arc::new(withheld), FilterDelivery::Withheld(unreadable));
+            }
+        };
+        let dropped = acknowledged
+            .filter_config
+            .uses()
+            .difference(&config.uses())
+            .copied()
+            .collect();
+        let rendered = Self::new([], [filter_extension_config(wasm, &config.to_json())]);
+        let view = Snapshot {
+            clusters: self.clusters.clone(),
+            extension_configs: rendered.extension_configs,
+            acknowledged: Some(Arc::new(AcknowledgedConfig {
+                filter_config: config,
+                peer_clusters: acknowledged.peer_clusters.clone(),
+            })),
+            wasm_path: self.wasm_path.clone(),
+            filter_withheld: false,
+        };
+        (Arc::new(view), FilterDelivery::Without(dropped))
     }
 
     /// The resources of one type URL; `None` for a type this control plane does not serve.
@@ -192,11 +269,12 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
 
-    use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
+    use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER, SCHEMA_VERSION};
 
     use super::*;
     use crate::envoy::FILTER_NAME;
     use crate::routing;
+    use crate::test_fixtures::rolling_upgrade;
     use crate::test_fixtures::world::{addr, plan, World};
 
     fn versions(m: &BTreeMap<String, Versioned>) -> BTreeMap<String, String> {
@@ -305,5 +383,158 @@ mod tests {
             shared.clusters[&local].version,
             before.clusters[&local].version
         );
+    }
+
+    /// The filter configuration a snapshot sends, as JSON (what Envoy hands the filter).
+    fn filter_json(s: &Snapshot) -> String {
+        use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
+        use envoy_types::pb::google::protobuf::StringValue;
+        let ext = TypedExtensionConfig::decode(
+            s.extension_configs[FILTER_NAME].resource.value.as_slice(),
+        )
+        .expect("extension config");
+        let wasm = Wasm::decode(ext.typed_config.expect("typed").value.as_slice()).expect("wasm");
+        let configuration = wasm.config.expect("plugin").configuration.expect("config");
+        StringValue::decode(configuration.value.as_slice())
+            .expect("string")
+            .value
+    }
+
+    /// The previous release's filter configuration of the rolling-upgrade world.
+    const PREVIOUS_RELEASE: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../filter/core/tests/fixtures/previous-release/filter-config.json"
+    );
+
+    /// Every key path of a filter configuration: `a.b`, `[]` for a list's items, `*` for the
+    /// keys of a map; the discovery documents are kube's, not the schema's, and not entered.
+    fn key_paths(json: &serde_json::Value) -> BTreeSet<String> {
+        const MAPS: [&str; 3] = ["peer_clusters", "openapi_v3", "discovery.legacy"];
+        const DOCUMENTS: [&str; 3] = ["discovery.apis", "discovery.api", "discovery.legacy.*"];
+        fn walk(path: &str, v: &serde_json::Value, out: &mut BTreeSet<String>) {
+            if !path.is_empty() {
+                out.insert(path.to_string());
+            }
+            if DOCUMENTS.contains(&path) {
+                return;
+            }
+            match v {
+                serde_json::Value::Object(o) => {
+                    for (k, v) in o {
+                        let k = if MAPS.contains(&path) {
+                            "*"
+                        } else {
+                            k.as_str()
+                        };
+                        let p = if path.is_empty() {
+                            k.to_string()
+                        } else {
+                            format!("{path}.{k}")
+                        };
+                        walk(&p, v, out);
+                    }
+                }
+                serde_json::Value::Array(a) => {
+                    for v in a {
+                        walk(&format!("{path}[]"), v, out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut out = BTreeSet::new();
+        walk("", json, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_filter_of_this_release_gets_the_snapshot_as_rendered() {
+        let plan = rolling_upgrade::plan_it();
+        let snapshot = Arc::new(plan.snapshot);
+        let (view, delivery) = snapshot.for_filter(&FilterDialect::this_filter());
+        assert_eq!(delivery, FilterDelivery::AsRendered);
+        assert!(Arc::ptr_eq(&view, &snapshot), "no copy");
+        assert_eq!(filter_json(&view), plan.routing.config.to_json());
+    }
+
+    #[test]
+    fn a_filter_that_advertises_nothing_gets_nothing_the_previous_release_does_not_know() {
+        let plan = rolling_upgrade::plan_it();
+        let snapshot = Arc::new(plan.snapshot);
+        let (view, _) = snapshot.for_filter(&FilterDialect::unadvertised());
+        let sent: serde_json::Value = serde_json::from_str(&filter_json(&view)).expect("json");
+        let previous: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(PREVIOUS_RELEASE).expect("fixture"))
+                .expect("json");
+        let (sent, known) = (key_paths(&sent), key_paths(&previous));
+        let unknown: Vec<&String> = sent.difference(&known).collect();
+        assert!(
+            unknown.is_empty(),
+            "the previous release's filter would refuse {unknown:?}"
+        );
+        // The fixture has every part a configuration from the control plane can have, so the
+        // comparison means something.
+        for path in [
+            "schema",
+            "local_apiserver",
+            "peer_clusters.*",
+            "group_versions[].shared_storage",
+            "group_versions[].resources[].local",
+            "group_versions[].resources[].peer_cluster",
+            "group_versions[].resources[].retained",
+            "discovery.version",
+            "discovery.legacy.*",
+            "discovery.unavailable[]",
+            "pending_peers[]",
+            "openapi_v3.*.server_relative_url",
+            "openapi_v3.*.peer_cluster",
+        ] {
+            assert!(known.contains(path), "the fixture has no {path}: {known:?}");
+        }
+        // The view's fallback record is what that filter holds.
+        let record = view.acknowledged.as_ref().expect("record");
+        assert_eq!(record.filter_config.to_json(), filter_json(&view));
+    }
+
+    #[test]
+    fn a_filter_that_reads_no_schema_this_release_writes_is_sent_no_filter_configuration() {
+        let plan = rolling_upgrade::plan_it();
+        let snapshot = Arc::new(plan.snapshot);
+        let future = FilterDialect {
+            schemas: BTreeSet::from([SCHEMA_VERSION + 1, SCHEMA_VERSION + 2]),
+            features: BTreeSet::new(),
+        };
+        let (view, delivery) = snapshot.for_filter(&future);
+        assert_eq!(
+            delivery,
+            FilterDelivery::Withheld(Unreadable {
+                filter_reads: future.schemas.clone(),
+                written_in: BTreeSet::from([SCHEMA_VERSION]),
+            })
+        );
+        assert!(view.filter_withheld);
+        assert!(view.extension_configs.is_empty());
+        assert_eq!(view.clusters, snapshot.clusters, "clusters as usual");
+        assert!(
+            view.acknowledged.is_none(),
+            "nothing new to keep for the fallback"
+        );
+        // A snapshot not made from a plan is the same for every filter.
+        let bare = Arc::new(Snapshot::new([], []));
+        let (view, delivery) = bare.for_filter(&future);
+        assert!(Arc::ptr_eq(&view, &bare));
+        assert_eq!(delivery, FilterDelivery::AsRendered);
+    }
+
+    /// Writes the fixture from this release's rendering: run once when a release is cut
+    /// (`cargo test -p skewgate-control write_the_release_fixture -- --ignored`), so that the
+    /// next release tests against it. See the fixture's PROVENANCE.md.
+    #[test]
+    #[ignore]
+    fn write_the_release_fixture() {
+        let plan = rolling_upgrade::plan_it();
+        let out = std::env::var("SKEWGATE_FIXTURE_OUT").unwrap_or(PREVIOUS_RELEASE.to_string());
+        std::fs::write(&out, plan.routing.config.to_json()).expect("write");
+        eprintln!("wrote {out}");
     }
 }

@@ -9,13 +9,118 @@
 //!
 //! The routing decisions are precomputed by the control plane, which knows peer liveness: the
 //! filter never reasons about peers, it only looks up which cluster serves a resource.
+//!
+//! **Versions** (docs/ARCHITECTURE.md, "skewgate's own upgrades"). The control plane and the
+//! filter are upgraded separately, in either order, one release apart. A filter reads its own
+//! release's schema and the previous release's ([`READ_SCHEMAS`]), and every field added to a
+//! schema gets `#[serde(default)]`, so an older control plane's configuration still parses.
+//! A filter also tells its control plane what it reads, its [`FilterDialect`] (the schemas
+//! and the optional [`FilterFeature`]s it understands, in Envoy's node metadata, written by
+//! the bootstrap from the same image as the filter), and the control plane sends it only a
+//! configuration in that dialect ([`FilterConfig::for_dialect`]). So unknown fields stay
+//! refused (`deny_unknown_fields`): a field the filter does not know was never meant for it.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::ops::RangeInclusive;
 
 use serde::{Deserialize, Serialize};
 
-/// The only schema version this filter reads.
+/// The schema version this release writes (the control plane renders its configurations in
+/// it) and the newest one its filter reads.
 pub const SCHEMA_VERSION: u32 = 1;
+
+/// The schema versions this filter reads: its own release's and the previous release's. A
+/// configuration in any other schema is refused whole.
+pub const READ_SCHEMAS: RangeInclusive<u32> = 1..=SCHEMA_VERSION;
+
+/// An optional part of the configuration that a filter reads only if it says so in its
+/// [`FilterDialect`]. A filter that does not list a feature gets the configuration without
+/// that feature's fields ([`FilterConfig::for_dialect`]), so every feature must be one a
+/// filter can go without: what it adds is lost, nothing else changes. A change that cannot be
+/// dropped like that is a new schema version instead.
+///
+/// Adding one: a variant, its name in [`FilterFeature::name`], its fields with
+/// `#[serde(default, skip_serializing_if = ...)]` (a configuration without them must mean
+/// what it meant before), and what [`FilterConfig::uses`] and [`FilterConfig::without`] do
+/// with them (the compiler asks for both). [`FilterFeature::ALL`] lists it, so this release's
+/// filter advertises it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FilterFeature {}
+
+impl FilterFeature {
+    /// Every optional feature this filter reads: what its bootstrap advertises.
+    pub const ALL: &'static [FilterFeature] = &[];
+
+    /// The name a filter advertises for it.
+    pub fn name(self) -> &'static str {
+        match self {}
+    }
+
+    /// The feature a filter advertised by `name`; `None` for a name this release does not know
+    /// (a newer filter's feature, which this control plane never sends anyway).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|f| f.name() == name)
+    }
+}
+
+impl fmt::Display for FilterFeature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a filter reads: the schema versions and the optional features. A filter advertises its
+/// own ([`FilterDialect::this_filter`]) in Envoy's node metadata; the control plane renders for
+/// it ([`FilterConfig::for_dialect`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterDialect {
+    pub schemas: BTreeSet<u32>,
+    pub features: BTreeSet<FilterFeature>,
+}
+
+impl FilterDialect {
+    /// This release's filter: [`READ_SCHEMAS`] and [`FilterFeature::ALL`].
+    pub fn this_filter() -> Self {
+        FilterDialect {
+            schemas: READ_SCHEMAS.collect(),
+            features: FilterFeature::ALL.iter().copied().collect(),
+        }
+    }
+
+    /// A filter that advertises nothing: a release from before filters advertised their
+    /// dialect, which reads schema 1 with the fields it had then and no optional feature.
+    pub fn unadvertised() -> Self {
+        FilterDialect {
+            schemas: BTreeSet::from([1]),
+            features: BTreeSet::new(),
+        }
+    }
+}
+
+/// Why a configuration cannot be sent to a filter: it reads none of the schema versions the
+/// configuration can be written in. The control plane sends it nothing (the filter keeps
+/// what it holds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// The schemas the filter reads.
+    pub filter_reads: BTreeSet<u32>,
+    /// The schemas the configuration can be written in.
+    pub written_in: BTreeSet<u32>,
+}
+
+impl fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the filter reads configuration schemas {:?}, this configuration can be written in {:?} only",
+            self.filter_reads, self.written_in
+        )
+    }
+}
+
+impl std::error::Error for Unreadable {}
 
 /// Upper bound on one configuration document, in bytes. Most of a large one is merged
 /// discovery (10,000 CRD resources: about 6 MB, BENCHMARKS.md §5), which only the VM that
@@ -29,7 +134,7 @@ const MAX_CLUSTER_NAME: usize = 200;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FilterConfig {
-    /// Must equal [`SCHEMA_VERSION`].
+    /// One of [`READ_SCHEMAS`].
     pub schema: u32,
     /// Identity of the local apiserver (its Lease name); for logs.
     pub local_apiserver: String,
@@ -285,7 +390,9 @@ impl std::fmt::Display for ConfigError {
             ConfigError::Json(e) => write!(f, "configuration is not valid JSON: {e}"),
             ConfigError::Schema { found } => write!(
                 f,
-                "configuration schema {found} is not supported (this filter reads {SCHEMA_VERSION})"
+                "configuration schema {found} is not supported (this filter reads {}-{})",
+                READ_SCHEMAS.start(),
+                READ_SCHEMAS.end()
             ),
             ConfigError::Invalid(why) => write!(f, "configuration is invalid: {why}"),
         }
@@ -423,8 +530,54 @@ impl FilterConfig {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// The optional features this configuration uses (fields set that a filter reads only if
+    /// it advertises the feature).
+    pub fn uses(&self) -> BTreeSet<FilterFeature> {
+        FilterFeature::ALL
+            .iter()
+            .copied()
+            .filter(|&feature| match feature {})
+            .collect()
+    }
+
+    /// This configuration without `feature`'s fields: what a filter that does not read the
+    /// feature gets, which must then behave as it did before the feature existed.
+    fn without(&mut self, feature: FilterFeature) {
+        match feature {}
+    }
+
+    /// This configuration as a filter that reads `dialect` gets it: in this release's schema
+    /// (the only one it can be written in: a release that changes the schema adds the
+    /// conversion to the previous one here) and without the optional features the filter does
+    /// not list. Borrowed when nothing had to change (the usual case: a filter of this release,
+    /// or one that reads everything this configuration uses).
+    pub fn for_dialect(
+        &self,
+        dialect: &FilterDialect,
+    ) -> Result<Cow<'_, FilterConfig>, Unreadable> {
+        if !dialect.schemas.contains(&self.schema) {
+            return Err(Unreadable {
+                filter_reads: dialect.schemas.clone(),
+                written_in: BTreeSet::from([self.schema]),
+            });
+        }
+        let unread: Vec<FilterFeature> = self
+            .uses()
+            .into_iter()
+            .filter(|f| !dialect.features.contains(f))
+            .collect();
+        if unread.is_empty() {
+            return Ok(Cow::Borrowed(self));
+        }
+        let mut config = self.clone();
+        for feature in unread {
+            config.without(feature);
+        }
+        Ok(Cow::Owned(config))
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.schema != SCHEMA_VERSION {
+        if !READ_SCHEMAS.contains(&self.schema) {
             return Err(ConfigError::Schema { found: self.schema });
         }
         if let Some(fallback) = &self.fallback {
@@ -838,5 +991,84 @@ mod tests {
             c.openapi_v3.insert(p, entry(&u, "skewgate-peers-b"));
         }
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn reads_its_own_and_the_previous_releases_schema_and_no_other() {
+        assert!(READ_SCHEMAS.contains(&SCHEMA_VERSION));
+        assert!(*READ_SCHEMAS.start() >= SCHEMA_VERSION.saturating_sub(1).max(1));
+        for schema in [
+            0,
+            READ_SCHEMAS.start() - 1,
+            READ_SCHEMAS.end() + 1,
+            u32::MAX,
+        ] {
+            let c = FilterConfig { schema, ..sample() };
+            assert_eq!(
+                FilterConfig::from_json(c.to_json().as_bytes()),
+                Err(ConfigError::Schema { found: schema })
+            );
+            assert!(FilterConfig::routing_from_slice(c.to_json().as_bytes()).is_err());
+        }
+        for schema in READ_SCHEMAS {
+            let c = FilterConfig { schema, ..sample() };
+            assert_eq!(FilterConfig::from_json(c.to_json().as_bytes()), Ok(c));
+        }
+    }
+
+    #[test]
+    fn renders_for_the_dialect_of_the_filter_it_goes_to() {
+        let c = sample();
+        // This release's filter, and the previous release's (which advertises nothing), read
+        // it as it is: no copy.
+        for dialect in [FilterDialect::this_filter(), FilterDialect::unadvertised()] {
+            assert!(
+                matches!(c.for_dialect(&dialect), Ok(Cow::Borrowed(_))),
+                "{dialect:?}"
+            );
+        }
+        // A filter that reads none of the schemas it can be written in gets nothing.
+        let later = FilterDialect {
+            schemas: BTreeSet::from([SCHEMA_VERSION + 1]),
+            features: BTreeSet::new(),
+        };
+        let err = c.for_dialect(&later).map(|_| ()).unwrap_err();
+        assert_eq!(
+            err,
+            Unreadable {
+                filter_reads: BTreeSet::from([SCHEMA_VERSION + 1]),
+                written_in: BTreeSet::from([SCHEMA_VERSION]),
+            }
+        );
+        assert!(err.to_string().contains("reads configuration schemas"));
+        let nothing = FilterDialect {
+            schemas: BTreeSet::new(),
+            features: BTreeSet::new(),
+        };
+        assert!(c.for_dialect(&nothing).is_err());
+        // Every feature this filter reads is one the control plane can drop; the sample uses
+        // none.
+        assert!(c.uses().is_empty());
+    }
+
+    #[test]
+    fn features_are_known_by_their_names_and_unknown_names_are_nothing() {
+        let names: BTreeSet<&str> = FilterFeature::ALL.iter().map(|f| f.name()).collect();
+        assert_eq!(names.len(), FilterFeature::ALL.len(), "unique names");
+        for feature in FilterFeature::ALL {
+            assert_eq!(FilterFeature::from_name(feature.name()), Some(*feature));
+        }
+        for unknown in ["", "a-feature-of-a-newer-release", "FAILOVER ", "\u{0}"] {
+            assert_eq!(FilterFeature::from_name(unknown), None, "{unknown:?}");
+        }
+        assert_eq!(
+            FilterDialect::this_filter().features.len(),
+            FilterFeature::ALL.len()
+        );
+        assert_eq!(
+            FilterDialect::this_filter().schemas,
+            READ_SCHEMAS.collect::<BTreeSet<_>>()
+        );
+        assert!(FilterDialect::unadvertised().features.is_empty());
     }
 }
