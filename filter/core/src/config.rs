@@ -47,15 +47,22 @@ pub const READ_SCHEMAS: RangeInclusive<u32> = 1..=SCHEMA_VERSION;
 /// with them (the compiler asks for both). [`FilterFeature::ALL`] lists it, so this release's
 /// filter advertises it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum FilterFeature {}
+pub enum FilterFeature {
+    /// Failover from the local apiserver ([`FilterConfig::failover_clusters`],
+    /// [`FilterConfig::failover_all`], [`ResourceRoute::failover_cluster`]). Without it a filter
+    /// sends local requests to the local apiserver only, as before.
+    Failover,
+}
 
 impl FilterFeature {
     /// Every optional feature this filter reads: what its bootstrap advertises.
-    pub const ALL: &'static [FilterFeature] = &[];
+    pub const ALL: &'static [FilterFeature] = &[FilterFeature::Failover];
 
     /// The name a filter advertises for it.
     pub fn name(self) -> &'static str {
-        match self {}
+        match self {
+            FilterFeature::Failover => "failover",
+        }
     }
 
     /// The feature a filter advertised by `name`; `None` for a name this release does not know
@@ -536,14 +543,36 @@ impl FilterConfig {
         FilterFeature::ALL
             .iter()
             .copied()
-            .filter(|&feature| match feature {})
+            .filter(|&feature| match feature {
+                FilterFeature::Failover => {
+                    !self.failover_clusters.is_empty()
+                        || self.failover_all.is_some()
+                        || self
+                            .group_versions
+                            .iter()
+                            .flat_map(|gv| &gv.resources)
+                            .any(|r| r.failover_cluster.is_some())
+                }
+            })
             .collect()
     }
 
     /// This configuration without `feature`'s fields: what a filter that does not read the
     /// feature gets, which must then behave as it did before the feature existed.
     fn without(&mut self, feature: FilterFeature) {
-        match feature {}
+        match feature {
+            FilterFeature::Failover => {
+                self.failover_clusters.clear();
+                self.failover_all = None;
+                for route in self
+                    .group_versions
+                    .iter_mut()
+                    .flat_map(|gv| &mut gv.resources)
+                {
+                    route.failover_cluster = None;
+                }
+            }
+        }
     }
 
     /// This configuration as a filter that reads `dialect` gets it: in this release's schema
