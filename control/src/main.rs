@@ -6,7 +6,9 @@
 //! - `bootstrap`: prints the Envoy bootstrap for `run`;
 //! - `render-static` writes a complete static configuration from discovery documents saved to
 //!   disk, for setups without a live control plane and for benchmarks: the same bootstrap and
-//!   the same Envoy resources as `run` (`skewgate_control::plan`), read by Envoy from files.
+//!   the same Envoy resources as `run` (`skewgate_control::plan`), read by Envoy from files;
+//! - `drain-envoy`: stops Envoy without cutting requests, what Envoy's entrypoint
+//!   (`deploy/image/skewgate-envoy`) runs on SIGTERM (`skewgate_control::envoy::drain`).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -14,6 +16,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use skewgate_control::discovery::documents::DiscoveryDocuments;
+use skewgate_control::envoy::drain::{self, DrainArgs};
 use skewgate_control::envoy::Address;
 use skewgate_control::flags::{parse_address, ListenerFlags, LocalChannelFlags, UpstreamTlsFlags};
 use skewgate_control::plan::{ApiserverView, MergedOutcome};
@@ -35,6 +38,10 @@ enum Command {
     Bootstrap(skewgate_control::run::BootstrapArgs),
     /// Write an Envoy configuration with a fixed routing table from saved discovery documents.
     RenderStatic(RenderStatic),
+    /// Drain Envoy, then stop it: /readyz fails and clients are told to reconnect, the ports
+    /// close after --drain-seconds, Envoy exits --finish-seconds later. What Envoy's entrypoint
+    /// runs on SIGTERM.
+    DrainEnvoy(DrainArgs),
 }
 
 #[derive(clap::Args)]
@@ -167,10 +174,23 @@ fn render_static(args: RenderStatic) -> Result<()> {
     Ok(())
 }
 
+fn drain_envoy(args: DrainArgs) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let say = |what: &str| eprintln!("skewgate-control drain-envoy: {what}");
+    runtime
+        .block_on(drain::drain_envoy(&args, say))
+        .context("draining Envoy")?;
+    Ok(())
+}
+
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Run(args) => skewgate_control::run::cli::run(args),
         Command::Bootstrap(args) => skewgate_control::run::cli::bootstrap(args),
         Command::RenderStatic(args) => render_static(args),
+        Command::DrainEnvoy(args) => drain_envoy(args),
     }
 }

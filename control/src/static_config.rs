@@ -110,6 +110,8 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
             allowed_sources: config.peer_cidrs,
         }),
         fallback: None,
+        // No GOAWAY chance in the static mode (no socket directory).
+        goaway: None,
     }
     .render()?;
     let bootstrap = dir.join(BOOTSTRAP_FILE);

@@ -28,7 +28,7 @@ use skewgate_control::discovery::documents::{empty_list, DiscoveryDocuments};
 use skewgate_control::discovery::parse_aggregated;
 use skewgate_control::envoy::bootstrap::{Bootstrap, ConfigSource, LISTENER_NAME};
 use skewgate_control::envoy::fallback::{check_record, last_acknowledged_config, FallbackInputs};
-use skewgate_control::envoy::Address;
+use skewgate_control::envoy::{Address, FILTER_NAME};
 use skewgate_control::local_channels::LocalChannel;
 use skewgate_control::plan::{plan, ApiserverView, PlanInputs};
 use skewgate_core::config::FilterConfig;
@@ -141,6 +141,7 @@ fuzz_target!(|data: &[u8]| {
             local_apiserver: "cp-1",
             acknowledged: Some(&record),
         }),
+        goaway: None,
     }
     .render()
     .expect("the bootstrap renders from a kept record");
@@ -158,8 +159,11 @@ fuzz_target!(|data: &[u8]| {
         panic!("the connection manager");
     };
     let hcm = HttpConnectionManager::decode(any.value.as_slice()).expect("decodes");
-    let Some(http_filter::ConfigType::ConfigDiscovery(discovery)) =
-        &hcm.http_filters[0].config_type
+    let Some(http_filter::ConfigType::ConfigDiscovery(discovery)) = hcm
+        .http_filters
+        .iter()
+        .find(|f| f.name == FILTER_NAME)
+        .and_then(|f| f.config_type.as_ref())
     else {
         panic!("the filter over ECDS");
     };

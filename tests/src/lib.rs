@@ -9,7 +9,7 @@
 //! | module | what |
 //! | --- | --- |
 //! | `bootstrap` | the rendered bootstrap (binary protobuf) read and edited as data |
-//! | `paths` | the repository, fixtures, the release filter, tool binaries (Envoy, kubectl, Python) |
+//! | `paths` | the repository, fixtures, the release filter, tool binaries (Envoy, kubectl, Python), `skewgate-control` |
 //! | `sim` | simulated apiservers ([`SimApiserver`], [`SimOptions`]) and identity Lease names |
 //! | `envoy` | Envoy with the filter ([`Envoy`], [`EnvoyOptions`], [`PeerSpec`], [`Probe`]) |
 //! | `etcd` | a real etcd for shared cluster state ([`Etcd`]) |
@@ -44,7 +44,8 @@ pub use kubeconfig::{kubeconfig_tls, kubeconfig_yaml, Credential};
 pub use kubectl::{kubectl, kubectl_with};
 pub use net::{black_hole, free_port};
 pub use paths::{
-    envoy_bin, etcd_bin, fixture, kubectl_1_20_bin, kubectl_bin, python_bin, repo_root, wasm_path,
+    control_bin, envoy_bin, etcd_bin, fixture, kubectl_1_20_bin, kubectl_bin, python_bin,
+    repo_root, wasm_path,
 };
 pub use pki::{
     cert_dns_names, cert_serial, replace_file, token_file_csv, CertFiles, CertUsage, Subject,

@@ -101,3 +101,35 @@ pub fn etcd_bin() -> Result<PathBuf> {
     }
     bail!("etcd not found: run scripts/setup (Debian's etcd-server) or set SKEWGATE_ETCD")
 }
+
+/// The `skewgate-control` binary of this tree, built once per test process (cargo builds only
+/// the test package's own binaries for its tests), or `$SKEWGATE_CONTROL`.
+pub fn control_bin() -> Result<PathBuf> {
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Ok(p) = std::env::var("SKEWGATE_CONTROL") {
+                return Ok(PathBuf::from(p));
+            }
+            let out = std::process::Command::new(env!("CARGO"))
+                .args(["build", "--quiet", "--bin", "skewgate-control"])
+                .current_dir(repo_root())
+                .output()
+                .map_err(|e| format!("running cargo: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "cargo build --bin skewgate-control failed:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            // Test binaries live in target/<profile>/deps, binaries in target/<profile>.
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+            if dir.ends_with("deps") {
+                dir.pop();
+            }
+            Ok(dir.join("skewgate-control"))
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
+}

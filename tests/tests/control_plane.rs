@@ -14,7 +14,6 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -22,9 +21,9 @@ use futures_util::StreamExt;
 use skewgate_control::envoy::Address;
 use skewgate_control::local_channels::{ADMIN_SOCKET, XDS_SOCKET};
 use skewgate_tests::{
-    envoy_bin, free_port, header, kubeconfig_tls, kubectl, local_get, repo_root, wasm_path,
-    Credential, Envoy, Etcd, PeerAdvertise, Probe, SimApiserver, SimOptions, Subject, TestPki,
-    TEST_TOKENS,
+    control_bin, envoy_bin, free_port, header, kubeconfig_tls, kubectl, local_get, repo_root,
+    wasm_path, Credential, Envoy, Etcd, PeerAdvertise, Probe, SimApiserver, SimOptions, Subject,
+    TestPki, TEST_TOKENS,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
@@ -49,38 +48,6 @@ fn client() -> reqwest::Client {
         .timeout(Duration::from_secs(10))
         .build()
         .expect("a client")
-}
-
-/// The `skewgate-control` binary, built once per test process (cargo builds only this
-/// package's binaries for its tests), or `$SKEWGATE_CONTROL`.
-fn control_bin() -> Result<PathBuf> {
-    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            if let Ok(p) = std::env::var("SKEWGATE_CONTROL") {
-                return Ok(PathBuf::from(p));
-            }
-            let out = std::process::Command::new(env!("CARGO"))
-                .args(["build", "--quiet", "--bin", "skewgate-control"])
-                .current_dir(repo_root())
-                .output()
-                .map_err(|e| format!("running cargo: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "cargo build --bin skewgate-control failed:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            // Test binaries live in target/<profile>/deps, binaries in target/<profile>.
-            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-            let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-            if dir.ends_with("deps") {
-                dir.pop();
-            }
-            Ok(dir.join("skewgate-control"))
-        })
-        .clone()
-        .map_err(anyhow::Error::msg)
 }
 
 // ---------------------------------------------------------------------------------------------

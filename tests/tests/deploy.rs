@@ -177,6 +177,63 @@ fn bootstrap_accepts_its_args_and_envoy_its_own() -> Result<()> {
     Ok(())
 }
 
+/// Envoy's stop: the entrypoint turns SIGTERM into `skewgate-control drain-envoy` instead of
+/// letting Envoy exit at once (`tests/tests/drain.rs` runs it), Envoy's flags make the drain
+/// reach every HTTP/2 connection at once, and the drain's defaults are the only source of the
+/// static pod's grace period and of the README's numbers.
+#[test]
+fn the_envoy_pod_drains_within_its_grace_period() -> Result<()> {
+    use skewgate_control::envoy::drain::{
+        DEFAULT_DRAIN_SECONDS, DEFAULT_FINISH_SECONDS, STOP_MARGIN_SECONDS,
+        TERMINATION_GRACE_PERIOD_SECONDS,
+    };
+    let spec = pod("skewgate-envoy.yaml")?.spec.context("spec")?;
+    ensure!(
+        spec.termination_grace_period_seconds == Some(TERMINATION_GRACE_PERIOD_SECONDS as i64),
+        "skewgate-envoy.yaml: terminationGracePeriodSeconds {:?}, the drain needs {TERMINATION_GRACE_PERIOD_SECONDS}",
+        spec.termination_grace_period_seconds
+    );
+    let entrypoint = std::fs::read_to_string(repo_root().join("deploy/image/skewgate-envoy"))?;
+    let code: Vec<&str> = entrypoint
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    ensure!(
+        code.iter().any(|l| l.starts_with("trap stop TERM"))
+            && code
+                .iter()
+                .any(|l| l.contains(r#"skewgate-control drain-envoy --bootstrap "$config""#))
+            && !code.iter().any(|l| l.starts_with("exec envoy")),
+        "deploy/image/skewgate-envoy must keep Envoy as its child and drain it on SIGTERM"
+    );
+    let envoy = expand("envoy", KUBEADM)?;
+    ensure!(
+        envoy
+            .windows(2)
+            .any(|w| w == ["--drain-strategy", "immediate"]),
+        "deploy/args/envoy.args: --drain-strategy immediate"
+    );
+    let readme = std::fs::read_to_string(repo_root().join("README.md"))?;
+    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    for said in [
+        format!("After {DEFAULT_DRAIN_SECONDS} s the ports close"),
+        format!("requests in flight get {DEFAULT_FINISH_SECONDS} s more"),
+        format!(
+            "{} s after the SIGTERM",
+            DEFAULT_DRAIN_SECONDS + DEFAULT_FINISH_SECONDS
+        ),
+        format!("`terminationGracePeriodSeconds: {TERMINATION_GRACE_PERIOD_SECONDS}`"),
+        format!("with {STOP_MARGIN_SECONDS} s to spare"),
+    ] {
+        ensure!(
+            readme.contains(&said),
+            "README.md, \"Stopping Envoy\", does not say {said:?}"
+        );
+    }
+    Ok(())
+}
+
 /// The compose nodes start Envoy and the control plane only through the args files.
 #[test]
 fn the_compose_nodes_run_the_args_files() -> Result<()> {

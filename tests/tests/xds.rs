@@ -111,6 +111,7 @@ async fn live_envoy(channels: &LocalChannels) -> Result<Envoy> {
         sds_dir: None,
         peer: None,
         fallback: None,
+        goaway: None,
     }
     .render()?;
     Envoy::spawn(&yaml, listen).await

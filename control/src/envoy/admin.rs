@@ -1,6 +1,7 @@
 //! A client for Envoy's admin interface, on its Unix socket or on loopback TCP (the local
 //! channels, `crate::local_channels`): the control plane reads the filter's counters from it so
-//! that one scrape of its `/metrics` carries the data plane's metrics too.
+//! that one scrape of its `/metrics` carries the data plane's metrics too, and `drain-envoy`
+//! drives Envoy's shutdown through it (`super::drain`; Envoy takes its mutations only as POST).
 
 use std::time::Duration;
 
@@ -39,15 +40,29 @@ pub const FILTER_STATS: &str = "/stats/prometheus?filter=%5Ewasmcustom%5C.";
 
 /// GET `path_and_query` on Envoy's admin interface at `admin`: the body of a 200.
 pub async fn get(admin: &LocalChannel, path_and_query: &str) -> Result<String, AdminError> {
+    call(admin, hyper::Method::GET, path_and_query).await
+}
+
+/// POST `path_and_query` (no body) on Envoy's admin interface at `admin`: the body of a 200.
+pub async fn post(admin: &LocalChannel, path_and_query: &str) -> Result<String, AdminError> {
+    call(admin, hyper::Method::POST, path_and_query).await
+}
+
+async fn call(
+    admin: &LocalChannel,
+    method: hyper::Method,
+    path_and_query: &str,
+) -> Result<String, AdminError> {
     let address = admin.to_string();
-    match tokio::time::timeout(TIMEOUT, get_inner(admin, path_and_query, &address)).await {
+    match tokio::time::timeout(TIMEOUT, connect(admin, method, path_and_query, &address)).await {
         Ok(result) => result,
         Err(_) => Err(AdminError::Timeout { address }),
     }
 }
 
-async fn get_inner(
+async fn connect(
     admin: &LocalChannel,
+    method: hyper::Method,
     path_and_query: &str,
     address: &str,
 ) -> Result<String, AdminError> {
@@ -60,18 +75,23 @@ async fn get_inner(
             let stream = tokio::net::UnixStream::connect(path)
                 .await
                 .map_err(connect)?;
-            request(stream, path_and_query, address).await
+            request(stream, method, path_and_query, address).await
         }
         LocalChannel::Tcp(socket) => {
             let stream = tokio::net::TcpStream::connect(socket)
                 .await
                 .map_err(connect)?;
-            request(stream, path_and_query, address).await
+            request(stream, method, path_and_query, address).await
         }
     }
 }
 
-async fn request<S>(stream: S, path_and_query: &str, address: &str) -> Result<String, AdminError>
+async fn request<S>(
+    stream: S,
+    method: hyper::Method,
+    path_and_query: &str,
+    address: &str,
+) -> Result<String, AdminError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -83,7 +103,9 @@ where
         .await
         .map_err(|e| http(e.to_string()))?;
     let driver = tokio::spawn(connection);
-    let request = Request::get(path_and_query)
+    let request = Request::builder()
+        .method(method)
+        .uri(path_and_query)
         .header(hyper::header::HOST, "envoy-admin")
         .body(http_body_util::Empty::<hyper::body::Bytes>::new())
         .map_err(|e| http(e.to_string()))?;
@@ -138,7 +160,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn gets_over_tcp_and_unix_sockets() {
+    async fn gets_and_posts_over_tcp_and_unix_sockets() {
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = LocalChannel::Tcp(tcp.local_addr().unwrap());
         let server = tokio::spawn(async move {
@@ -159,6 +181,13 @@ mod tests {
         });
         assert_eq!(get(&admin, "/ready").await.unwrap(), "b 2\n");
         assert_eq!(server.await.unwrap(), "GET /ready HTTP/1.1");
+        let unix = tokio::net::UnixListener::bind(path.with_extension("2")).unwrap();
+        let posted = LocalChannel::Unix(path.with_extension("2"));
+        let server = tokio::spawn(async move {
+            answer(async { unix.accept().await.map(|(s, _)| s) }, "OK\n").await
+        });
+        assert_eq!(post(&posted, "/healthcheck/fail").await.unwrap(), "OK\n");
+        assert_eq!(server.await.unwrap(), "POST /healthcheck/fail HTTP/1.1");
         let _ = std::fs::remove_dir_all(&dir);
 
         // Nobody listening: a typed error naming the address.

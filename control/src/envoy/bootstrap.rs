@@ -10,8 +10,10 @@
 //!
 //! What is in it, each with the reason why:
 //! - the listener clients connect to ([`Bootstrap::listen`]), its TLS, its HTTP connection
-//!   manager and route table, and the HTTP filter chain (skewgate's filter, whose
-//!   configuration comes over ECDS, then the router);
+//!   manager and route table, and the HTTP filter chain (`/readyz`'s health check for the drain,
+//!   [`super::drain`]; skewgate's filter, whose configuration comes over ECDS; the router);
+//! - optionally the overload manager that draws kube-apiserver's GOAWAY chance
+//!   ([`super::goaway`]);
 //! - optionally the L4 peer port ([`PeerPassthrough`]);
 //! - the admin interface ([`crate::local_channels`]);
 //! - where the clusters (CDS) and the filter configuration (ECDS) come from ([`ConfigSource`]:
@@ -76,6 +78,7 @@ use envoy_types::util::pack_any;
 use prost::Message;
 
 use super::fallback::{self, FallbackInputs, Waits, MIN_WAIT};
+use super::goaway::GoawayFile;
 use super::resources::{envoy_address, proto_duration, HTTP_PROTOCOL_OPTIONS, WASM_TYPE_URL};
 use super::secrets::{sds_secret_config, CLIENT_CA_SECRET, SERVING_SECRET};
 use super::{checked_path, Address, EnvoyError, FILTER_NAME, REQUEST_TIMEOUT_MARGIN};
@@ -132,6 +135,9 @@ pub struct Bootstrap<'a> {
     /// What Envoy serves when the control plane has not configured it within a bounded wait
     /// (live mode only); `None`: it waits for as long as it takes, its ports closed.
     pub fallback: Option<FallbackInputs<'a>>,
+    /// The GOAWAY chance's file and the configured chance ([`super::goaway`]); `None`: no
+    /// overload manager (no socket directory to keep the file in).
+    pub goaway: Option<GoawayFile<'a>>,
 }
 
 /// The peer port: TLS passed through at L4 to the apiserver this Envoy fronts, so peers reach
@@ -498,6 +504,8 @@ fn http_connection_manager(
             .collect(),
         route_specifier: Some(RouteSpecifier::RouteConfig(route_config(request_timeout))),
         http_filters: vec![
+            // `/readyz` fails once the drain starts; until then it passes to the filter.
+            super::drain::readyz_health_check_filter(),
             // The filter's configuration (the code, the VM and the routing table) comes as the
             // ECDS resource named exactly like this filter ([`super::resources`]). A
             // configuration the filter refuses is NACKed (live) or ignored (static): Envoy keeps
@@ -729,6 +737,29 @@ fn stats_config() -> StatsConfig {
     }
 }
 
+/// `a` with the fields of each struct of `b` added to `a`'s struct of the same key.
+fn merge_metadata(
+    mut a: envoy_types::pb::google::protobuf::Struct,
+    b: Option<envoy_types::pb::google::protobuf::Struct>,
+) -> envoy_types::pb::google::protobuf::Struct {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    for (key, value) in b.into_iter().flat_map(|b| b.fields) {
+        match (a.fields.get_mut(&key), value.kind) {
+            (
+                Some(envoy_types::pb::google::protobuf::Value {
+                    kind: Some(Kind::StructValue(into)),
+                }),
+                Some(Kind::StructValue(from)),
+            ) => into.fields.extend(from.fields),
+            (_, kind) => {
+                a.fields
+                    .insert(key, envoy_types::pb::google::protobuf::Value { kind });
+            }
+        }
+    }
+    a
+}
+
 impl Bootstrap<'_> {
     /// The bootstrap as Envoy's message.
     pub fn build(&self) -> Result<EnvoyBootstrap, EnvoyError> {
@@ -823,9 +854,19 @@ impl Bootstrap<'_> {
             node: Some(Node {
                 id: self.node_id.into(),
                 cluster: "skewgate".into(),
-                metadata: Some(node_metadata(&FilterDialect::this_filter())),
+                // What the filter reads (the control plane renders for it), and the configured
+                // GOAWAY chance, side by side under `skewgate`.
+                metadata: Some(merge_metadata(
+                    node_metadata(&FilterDialect::this_filter()),
+                    self.goaway
+                        .map(|goaway| super::goaway::node_metadata(goaway.configured)),
+                )),
                 ..Default::default()
             }),
+            overload_manager: self
+                .goaway
+                .map(|goaway| super::goaway::overload_manager(goaway.path))
+                .transpose()?,
             // Admin can stop Envoy, drain its listeners, dump its configuration and raise its
             // logging until bearer tokens are logged: a Unix socket of mode 0600 by default.
             admin: Some(Admin {
@@ -893,11 +934,17 @@ pub(crate) mod inspect {
 
     pub(crate) fn filter_discovery(b: &EnvoyBootstrap) -> ExtensionConfigSource {
         let hcm = hcm(b);
-        assert_eq!(hcm.http_filters.len(), 2);
-        assert_eq!(hcm.http_filters[0].name, FILTER_NAME);
-        assert_eq!(hcm.http_filters[1].name, "envoy.filters.http.router");
+        let names: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "envoy.filters.http.health_check",
+                FILTER_NAME,
+                "envoy.filters.http.router"
+            ]
+        );
         let Some(http_filter::ConfigType::ConfigDiscovery(source)) =
-            &hcm.http_filters[0].config_type
+            &hcm.http_filters[1].config_type
         else {
             panic!("the filter comes over ECDS");
         };
@@ -1014,6 +1061,7 @@ mod tests {
             sds_dir: None,
             peer: None,
             fallback: None,
+            goaway: None,
         }
     }
 
@@ -1188,6 +1236,7 @@ mod tests {
                 sds_dir: None,
                 peer: None,
                 fallback: None,
+                goaway: None,
             }
             .build()
         };
@@ -1227,6 +1276,7 @@ mod tests {
                 sds_dir: None,
                 peer: None,
                 fallback: None,
+                goaway: None,
             }
             .render();
             assert!(matches!(r, Err(EnvoyError::Unsafe(_))), "{bad:?}");
@@ -1447,6 +1497,7 @@ mod tests {
             sds_dir: None,
             peer: None,
             fallback: Some(fallback_inputs(&local, None, Duration::from_secs(3))),
+            goaway: None,
         };
         assert!(matches!(files.build(), Err(EnvoyError::Fallback(_))));
         let short = Bootstrap {

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 pub mod admin;
 pub mod bootstrap;
+pub mod drain;
 pub mod fallback;
+pub mod goaway;
 pub mod resources;
 pub mod secrets;
 

@@ -12,6 +12,7 @@ use tracing::{error, info, warn};
 
 use crate::envoy::bootstrap::{Bootstrap, ConfigSource, PeerPassthrough};
 use crate::envoy::fallback::{read_acknowledged, FallbackInputs};
+use crate::envoy::goaway::{self, ConnectionDrain, GoawayChance, GoawayFile, GOAWAY_FILE};
 use crate::envoy::secrets::{serving_secrets, upstream_secrets};
 use crate::envoy::UpstreamTls;
 use crate::fetch::{ClientTemplate, DiscoveryMetrics};
@@ -358,6 +359,14 @@ pub struct BootstrapArgs {
     /// acknowledged; the fallback serves it instead of local-only routing when it is there.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: std::path::PathBuf,
+    /// kube-apiserver's --goaway-chance, which no longer reaches clients behind Envoy: the
+    /// probability that Envoy tells a request's connection to go away (HTTP/2 GOAWAY, HTTP/1.1
+    /// Connection: close; the request and the others in flight finish, watches included), so
+    /// long-lived clients spread over the apiservers again through the load balancer. From 0
+    /// (off) to 0.02; 0.001 is a good start. Needs --socket-dir (Envoy reads it from a file
+    /// there that bootstrap writes).
+    #[arg(long, value_name = "CHANCE", default_value_t = GoawayChance::OFF)]
+    pub goaway_chance: GoawayChance,
 }
 
 /// The fallback's inputs from the flags: `None` with `--control-plane-wait=0`.
@@ -450,6 +459,12 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
         }),
         _ => None,
     };
+    // The GOAWAY chance's file lives beside the sockets, which only Envoy's and the control
+    // plane's user can write; on loopback TCP there is no such directory, and no chance.
+    let goaway_file = channels.socket_dir().map(|dir| dir.join(GOAWAY_FILE));
+    if goaway_file.is_none() && !args.goaway_chance.is_off() {
+        bail!("--goaway-chance needs --socket-dir (Envoy reads the chance from a file there), not --insecure-tcp-local-channels");
+    }
     Ok(Bootstrap {
         listen: &listener.listen,
         admin: channels.admin(),
@@ -466,6 +481,10 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
             allowed_sources: &listener.peer_cidrs.peer_cidrs,
         }),
         fallback,
+        goaway: goaway_file.as_deref().map(|path| GoawayFile {
+            path,
+            configured: args.goaway_chance,
+        }),
     }
     .render()?)
 }
@@ -501,11 +520,18 @@ pub fn bootstrap_secrets(
 }
 
 /// `skewgate-control bootstrap`: create (or check) the socket directory Envoy binds its admin
-/// socket in, write the SDS files (the listener's, and the fallback clusters'), print the
-/// bootstrap.
+/// socket in, write the GOAWAY chance there and the SDS files (the listener's, and the fallback
+/// clusters'), print the bootstrap.
 pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
     let bootstrap = render_bootstrap(&args)?;
-    args.channels.resolve()?.prepare().context("--socket-dir")?;
+    let channels = args.channels.resolve()?;
+    channels.prepare().context("--socket-dir")?;
+    if let Some(dir) = channels.socket_dir() {
+        // Before every Envoy start: the configured chance, never a "drain everything" a
+        // previous Envoy's control plane left (`crate::envoy::goaway`).
+        goaway::write(dir, ConnectionDrain::Chance(args.goaway_chance))
+            .with_context(|| format!("writing {GOAWAY_FILE} in --socket-dir {}", dir.display()))?;
+    }
     if args.channels.insecure_tcp_local_channels {
         eprintln!("skewgate-control: warning: --insecure-tcp-local-channels: Envoy's admin interface and xDS on loopback TCP, which any process on this node can reach");
     }

@@ -42,7 +42,7 @@ fn response(
     }
 }
 
-fn replace(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn replace(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     // A temporary name of this process's and this call's own: `bootstrap` and `run` write the
     // same SDS files at start, and with one shared temporary name one's rename took the file
     // from under the other's (ENOENT, seen in the compose suite).

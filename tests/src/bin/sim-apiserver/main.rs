@@ -14,6 +14,7 @@
 //! tokens, anonymous; see `auth.rs`) and answers `selfsubjectreviews` with the caller; with
 //! `--tls-cert-file` it serves TLS with ALPN h2/http1.1 (see `tls.rs`), else plain HTTP.
 //! exec/attach/portforward upgrade to an echo stream that reports the caller (`upgrade.rs`).
+//! A request with `x-sim-delay-ms: N` is answered N ms late (at most a minute; `server.rs`).
 //! On start (after its lease exists) it prints exactly one line, `listening on <ip:port>`, to
 //! stdout. SIGTERM/SIGINT stop it; SIGUSR1 toggles lease renewal.
 

@@ -95,6 +95,11 @@ impl AppState {
     }
 }
 
+/// A request carrying this header (milliseconds) is answered that much later, at most
+/// [`MAX_DELAY_MS`]: a slow request, in flight while something happens to its proxy.
+const DELAY_HEADER: &str = "x-sim-delay-ms";
+const MAX_DELAY_MS: u64 = 60_000;
+
 pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Response {
     let method = req.method().clone();
     let uri = req.uri().clone();
@@ -110,6 +115,13 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
                 std::future::pending::<()>().await;
             }
         }
+    }
+    if let Some(delay) = headers
+        .get(DELAY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(delay.min(MAX_DELAY_MS))).await;
     }
     let auth = state.auth.authenticate(conn.as_ref(), &headers);
     let unauthenticated = auth.as_ref().map_or(true, UserInfo::is_anonymous);
