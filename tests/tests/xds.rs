@@ -455,6 +455,7 @@ async fn envoy_advertising(
             local_apiserver: &local.id,
             acknowledged: None,
         }),
+        goaway: None,
     }
     .build()?;
     let node = bootstrap
