@@ -2154,6 +2154,80 @@ async fn envoy_restarted_without_its_control_plane_serves_the_last_acknowledged_
     Ok(())
 }
 
+/// The local apiserver stays down past `--local-down-goaway-after`: requests are still served
+/// (by the peer, failover), and every response tells its client to reconnect (HTTP/1.1
+/// `Connection: close`; HTTP/2 gets a GOAWAY the same way), so clients pinned to this node move
+/// through the load balancer; once the local apiserver answers again, connections stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_are_told_to_go_elsewhere_when_the_local_apiserver_stays_down() -> Result<()> {
+    const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments";
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let mut a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let _b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
+    let mut control = Control::new(&a, dir.path(), &["--local-down-goaway-after=2s"])?;
+    let envoy = start_routed_to_b(&mut control).await?;
+    // HTTP/1.1, a fresh connection each time: the header is per response.
+    let h1 = || {
+        reqwest::Client::builder()
+            .http1_only()
+            .timeout(Duration::from_secs(10))
+            .build()
+    };
+    let get = |client: reqwest::Client, path: &'static str| {
+        let target = url(&envoy, path);
+        async move {
+            let resp = client.get(target).send().await?;
+            Ok::<_, anyhow::Error>((
+                resp.status().as_u16(),
+                header(&resp, "x-sim-apiserver"),
+                header(&resp, "connection"),
+            ))
+        }
+    };
+    assert_eq!(
+        get(h1()?, DEPLOYMENTS).await?,
+        (200, "apiserver-a".to_string(), String::new())
+    );
+
+    a.stop().await?;
+    // Served by the peer at once; told to go elsewhere once it stayed down 2 s.
+    let (_, took) = eventually(
+        "every response says Connection: close",
+        Duration::from_secs(20),
+        || async {
+            let (status, by, connection) = get(h1()?, DEPLOYMENTS).await?;
+            assert_eq!((status, by.as_str()), (200, "apiserver-b"), "failover");
+            Ok((connection == "close").then_some(()))
+        },
+    )
+    .await
+    .with_context(|| control.log())?;
+    eprintln!("every connection drained {took:?} after the local apiserver stopped");
+    for _ in 0..5 {
+        assert_eq!(get(h1()?, DEPLOYMENTS).await?.2, "close");
+    }
+    let scrape = reqwest::get(format!("http://{}/metrics", control.health))
+        .await?
+        .text()
+        .await?;
+    assert!(
+        scrape.contains("skewgate_local_down_draining 1"),
+        "{scrape}"
+    );
+
+    // Back: connections stay again.
+    a.restart(None).await?;
+    eventually("connections stay", Duration::from_secs(20), || async {
+        let (status, by, connection) = get(h1()?, DEPLOYMENTS).await?;
+        Ok((status == 200 && by == "apiserver-a" && connection.is_empty()).then_some(()))
+    })
+    .await
+    .with_context(|| control.log())?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_everywhere_with_the_three_upstream_identities() -> Result<()> {
     let _serial = SERIAL.lock().await;

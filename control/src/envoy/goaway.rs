@@ -192,6 +192,29 @@ pub fn node_metadata(chance: GoawayChance) -> Struct {
     }
 }
 
+/// The chance a node's bootstrap configured ([`node_metadata`]), read leniently: anything but a
+/// number kube-apiserver would take is `None`.
+pub fn configured(
+    node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
+) -> Option<GoawayChance> {
+    let metadata = node?.metadata.as_ref()?;
+    let Some(value::Kind::StructValue(skewgate)) = metadata
+        .fields
+        .get("skewgate")
+        .and_then(|v| v.kind.as_ref())
+    else {
+        return None;
+    };
+    match skewgate
+        .fields
+        .get(NODE_METADATA_KEY)
+        .and_then(|v| v.kind.as_ref())
+    {
+        Some(value::Kind::NumberValue(n)) => n.to_string().parse().ok(),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

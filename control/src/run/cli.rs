@@ -189,18 +189,20 @@ async fn run_async(config: RunConfig) -> Result<()> {
     let discovery_metrics = Arc::new(DiscoveryMetrics::new());
     let xds_metrics = Arc::new(XdsMetrics::new());
     let app_metrics = Arc::new(AppMetrics::default());
+    let local_down_metrics = Arc::new(super::local_down::LocalDownMetrics::default());
     let status = Arc::new(Status::default());
     let (publisher, snapshots) = watch::channel(None);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
     let health = {
         let (s1, s2) = (status.clone(), status.clone());
-        let (pm, dm, xm, sm, am) = (
+        let (pm, dm, xm, sm, am, lm) = (
             peer_metrics.clone(),
             discovery_metrics.clone(),
             xds_metrics.clone(),
             shared_metrics.clone(),
             app_metrics.clone(),
+            local_down_metrics.clone(),
         );
         let (xr, xs) = (xds_metrics.clone(), xds_metrics.clone());
         Arc::new(Health {
@@ -218,6 +220,7 @@ async fn run_async(config: RunConfig) -> Result<()> {
                 f.extend(dm.families());
                 f.extend(xm.families());
                 f.extend(sm.families());
+                f.extend(lm.families());
                 f
             }),
             envoy_admin: config.local_channels.envoy_admin().cloned(),
@@ -276,6 +279,16 @@ async fn run_async(config: RunConfig) -> Result<()> {
         publisher,
         restored,
     )?;
+    // Every client connection told to go away while the local apiserver stays down.
+    let _local_down_task = config.local_channels.socket_dir().map(|dir| {
+        tokio::spawn(super::local_down::run(
+            dir.to_path_buf(),
+            config.local_down_goaway_after,
+            orchestrator.local_state(),
+            xds_metrics.clone(),
+            local_down_metrics.clone(),
+        ))
+    });
     let orchestrator_task = tokio::spawn(orchestrator.run(
         peer_watcher.updates.clone(),
         shared_watcher.updates.clone(),

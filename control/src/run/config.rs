@@ -114,6 +114,14 @@ pub struct RunArgs {
     /// user does; files are 0600.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// When the local apiserver's discovery fetch (every second) has failed this long, every
+    /// client connection of Envoy is told to go away (HTTP/2 GOAWAY, HTTP/1.1 `Connection:
+    /// close`) at its next response, so clients pinned to this node move through the load
+    /// balancer instead of being served by the peers for minutes; undone when it answers
+    /// again. Shorter outages are ridden out on the peers (failover). 0 disables it. Needs the
+    /// socket directory (not with --insecure-tcp-local-channels).
+    #[arg(long, default_value = super::local_down::DEFAULT_LOCAL_DOWN_GOAWAY_AFTER, value_parser = parse_duration, value_name = "DURATION")]
+    pub local_down_goaway_after: Duration,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
@@ -144,6 +152,8 @@ pub struct RunConfig {
     pub api_retention: Duration,
     /// `--state-dir` (the flags always give one: [`DEFAULT_STATE_DIR`] by default).
     pub state_dir: Option<PathBuf>,
+    /// `--local-down-goaway-after` ([`super::local_down`]); zero: never.
+    pub local_down_goaway_after: Duration,
 }
 
 impl RunConfig {
@@ -244,6 +254,7 @@ impl RunArgs {
             holder_refetch_interval: self.holder_refetch_interval,
             api_retention: self.api_retention,
             state_dir: Some(self.state_dir.clone()),
+            local_down_goaway_after: self.local_down_goaway_after,
         })
     }
 }

@@ -14,11 +14,14 @@
 //! - [`state`]: the decisions (which watches, the first-sync rule, composition, the skew
 //!   matrix) — pure, table-tested;
 //! - [`config`]: flags to a validated [`RunConfig`](config::RunConfig) — pure;
+//! - [`local_down`]: every client connection told to go away when the local apiserver stays
+//!   down;
 //! - [`orchestrator`]: the tokio loop; [`status`]: its counters and the `/readyz` and
 //!   `/debug/skew` state; [`cli`]: the subcommands, logging and signals.
 
 pub mod cli;
 pub mod config;
+pub mod local_down;
 pub mod orchestrator;
 pub mod retention;
 pub mod state;

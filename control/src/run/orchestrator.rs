@@ -259,6 +259,11 @@ pub struct Orchestrator {
 }
 
 impl Orchestrator {
+    /// The outcomes of the local apiserver's discovery fetches ([`super::local_down`]).
+    pub fn local_state(&self) -> watch::Receiver<crate::fetch::SyncState> {
+        self.local.watch.state.clone()
+    }
+
     /// Start the local apiserver's discovery watch at once.
     pub fn new(
         config: Arc<RunConfig>,

@@ -99,6 +99,10 @@ pub struct XdsMetrics {
     incompatible_total: AtomicU64,
     /// By stream id; only open streams that sent their first request.
     filters: Mutex<BTreeMap<u64, StreamFilter>>,
+    /// Streams opened since start (an Envoy that reconnects opens a new one).
+    opened: AtomicU64,
+    /// The `--goaway-chance` the latest stream's bootstrap configured (its node metadata).
+    goaway_chance: Mutex<Option<crate::envoy::goaway::GoawayChance>>,
 }
 
 impl XdsMetrics {
@@ -142,6 +146,24 @@ impl XdsMetrics {
 
     pub(crate) fn stream_opened(&self) {
         self.streams.fetch_add(1, Ordering::Relaxed);
+        self.opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Streams opened since start.
+    pub fn streams_opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// A stream's node said which `--goaway-chance` its bootstrap configured.
+    pub(crate) fn goaway_chance_configured(&self, chance: crate::envoy::goaway::GoawayChance) {
+        if let Ok(mut c) = self.goaway_chance.lock() {
+            *c = Some(chance);
+        }
+    }
+
+    /// The `--goaway-chance` of the latest Envoy that said one.
+    pub fn goaway_chance(&self) -> Option<crate::envoy::goaway::GoawayChance> {
+        self.goaway_chance.lock().ok().and_then(|c| *c)
     }
 
     pub(crate) fn stream_closed(&self, stream: u64) {

@@ -246,6 +246,9 @@ impl StreamTask {
             // Envoy sends its node on the first request only
             // (`set_node_on_first_message_only`).
             let negotiated = dialect::negotiate(request.node.as_ref());
+            if let Some(chance) = crate::envoy::goaway::configured(request.node.as_ref()) {
+                self.metrics.goaway_chance_configured(chance);
+            }
             let node = request.node.as_ref().map_or("", |n| n.id.as_str());
             let schemas = &negotiated.dialect.schemas;
             let features = &negotiated.dialect.features;
