@@ -56,6 +56,22 @@ fn exercise(config: &FilterConfig, lines: &[(&str, &str)]) {
                 assert_eq!(decision.reason, Reason::ServedByPeer);
             }
             Upstream::Local => assert_ne!(decision.reason, Reason::ServedByPeer),
+            // Failover: a declared failover cluster, for what the local apiserver serves (or
+            // every apiserver does).
+            Upstream::LocalFirst { failover } => {
+                assert!(
+                    config.failover_clusters.contains_key(failover),
+                    "{failover:?}"
+                );
+                assert!(
+                    matches!(
+                        decision.reason,
+                        Reason::ServedLocally | Reason::SharedStorage | Reason::NonResourceRequest
+                    ),
+                    "{:?}",
+                    decision.reason
+                );
+            }
             // Answered 503 by the filter: only for retained resources, or while a live peer's
             // discovery is not known yet.
             Upstream::Unavailable => assert!(
@@ -102,6 +118,13 @@ fn exercise(config: &FilterConfig, lines: &[(&str, &str)]) {
                 assert_eq!(decision.reason, Reason::SharedStorage, "{path:?}");
             } else if r.local {
                 assert_eq!(decision.reason, Reason::ServedLocally, "{path:?}");
+                if let Some(failover) = &r.failover_cluster {
+                    assert_eq!(
+                        decision.upstream,
+                        Upstream::LocalFirst { failover },
+                        "{path:?}"
+                    );
+                }
             } else if let Some(cluster) = &r.peer_cluster {
                 assert_eq!(decision.upstream, Upstream::Peer { cluster }, "{path:?}");
             } else if r.retained {
