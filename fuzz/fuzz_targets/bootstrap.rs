@@ -31,6 +31,7 @@ use skewgate_control::envoy::fallback::{check_record, last_acknowledged_config, 
 use skewgate_control::envoy::{Address, FILTER_NAME};
 use skewgate_control::local_channels::LocalChannel;
 use skewgate_control::plan::{plan, ApiserverView, PlanInputs};
+use skewgate_control::routing::peer_cluster_name;
 use skewgate_core::config::FilterConfig;
 
 fn documents(apis: serde_json::Value) -> Option<DiscoveryDocuments> {
@@ -151,7 +152,17 @@ fuzz_target!(|data: &[u8]| {
     let resources = b.static_resources.as_ref().expect("static resources");
     assert_eq!(resources.listeners.len(), 1);
     assert_eq!(resources.listeners[0].name, LISTENER_NAME);
-    let expected_clusters = 3 * (1 + record.peer_clusters.len()) + 1;
+    // Three variants each of the local apiserver, every peer set the configuration needs (its
+    // routes' and its failover sets'), and every failover aggregate; plus the control plane.
+    let failover = &record.filter_config.failover_clusters;
+    let peer_sets: BTreeSet<String> = record
+        .filter_config
+        .peer_clusters
+        .keys()
+        .cloned()
+        .chain(failover.values().map(|ids| peer_cluster_name(ids)))
+        .collect();
+    let expected_clusters = 3 * (1 + peer_sets.len() + failover.len()) + 1;
     assert_eq!(resources.clusters.len(), expected_clusters);
     let Some(NetworkConfigType::TypedConfig(any)) =
         &resources.listeners[0].filter_chains[0].filters[0].config_type
