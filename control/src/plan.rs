@@ -50,6 +50,9 @@ pub struct PlanInputs<'a> {
     /// Peers whose APIs are retained (`crate::run::retention`); empty in the static mode.
     pub retained: &'a [RetainedView<'a>],
     pub shared_storage: &'a BTreeSet<GroupVersion>,
+    /// Whether `local.documents` is what the local apiserver serves now
+    /// ([`routing::LocalFreshness`]); always current in the static mode.
+    pub local_freshness: routing::LocalFreshness,
     pub wasm_path: &'a Path,
     /// TLS to the apiservers: the directory of the SDS files of the peer CA and the
     /// proxy-client certificate ([`crate::envoy::secrets`]); `None`: plaintext.
@@ -204,6 +207,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         &routing_peers,
         &retained_keys,
         inputs.shared_storage,
+        inputs.local_freshness,
     );
     routing.config.pending_peers = pending.clone();
     add_openapi_entries(
@@ -354,6 +358,7 @@ mod tests {
             peers,
             retained,
             shared_storage: &BTreeSet::new(),
+            local_freshness: routing::LocalFreshness::Current,
             wasm_path: Path::new("/opt/skewgate.wasm"),
             upstream_sds: None,
         })

@@ -83,6 +83,22 @@ fn set_name<S: AsRef<str>>(prefix: &str, peer_ids: &[S]) -> String {
     name
 }
 
+/// Whether the local apiserver's discovery is what it serves now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LocalFreshness {
+    /// Its last discovery fetch succeeded.
+    #[default]
+    Current,
+    /// Its last discovery fetch failed: it is down or restarting, and may come back on another
+    /// version, answering `404 page not found` for what it served until it is read again. A
+    /// resource a live peer serves too then goes to the peers (their own cluster, not the
+    /// failover cluster, which would try the local apiserver first); only what no live peer
+    /// serves stays local first. While it is down, failover sends those requests to the same
+    /// peers anyway; in the second or so between its return and the next fetch, this keeps
+    /// them off an apiserver whose answers are not known.
+    Unconfirmed,
+}
+
 /// Who serves one resource key.
 #[derive(Default)]
 struct Servers<'a> {
@@ -103,6 +119,7 @@ struct Servers<'a> {
 ///   emitted with `shared_storage: true` and no resources, so the filter always keeps them
 ///   local. Pairs nobody serves are not emitted (the filter keeps unknown group-versions local
 ///   anyway).
+/// - `local_freshness`: see [`LocalFreshness`].
 ///
 /// Output is deterministic: group-versions sorted by (group, version), resources by key,
 /// clusters by name.
@@ -112,6 +129,7 @@ pub fn build(
     peers: &[Peer],
     retained: &ServedApis,
     shared_storage: &BTreeSet<GroupVersion>,
+    local_freshness: LocalFreshness,
 ) -> RoutingPlan {
     // (group, version) -> key -> who serves it.
     let mut table: BTreeMap<(&str, &str), BTreeMap<&str, Servers<'_>>> = BTreeMap::new();
@@ -170,7 +188,10 @@ pub fn build(
         }
         let resources = keys
             .into_iter()
-            .map(|(key, servers)| {
+            .map(|(key, mut servers)| {
+                if local_freshness == LocalFreshness::Unconfirmed && !servers.peers.is_empty() {
+                    servers.local = false;
+                }
                 let peer_cluster = if servers.local || servers.peers.is_empty() {
                     None
                 } else {
@@ -354,6 +375,49 @@ mod tests {
         }
     }
 
+    /// The local apiserver's last fetch failed: what the peer serves too goes to the peer (it
+    /// may come back on 1.33 and answer 404 for 1.30's resources before it is read again);
+    /// only what nobody else serves stays local first.
+    #[test]
+    fn an_unconfirmed_local_apiserver_keeps_only_what_no_peer_serves() {
+        let build_with = |freshness| {
+            build(
+                &load(K130),
+                "local-130",
+                &[peer("peer-133", load(K133))],
+                &ServedApis::new(),
+                &BTreeSet::new(),
+                freshness,
+            )
+        };
+        let plan = build_with(LocalFreshness::Unconfirmed);
+        check_invariants(&plan);
+        let p133 = peers_of(&["peer-133"]);
+        for (gvr, want) in [
+            ("apps/v1/deployments", &p133),
+            ("apps/v1/deployments/scale", &p133),
+            ("/v1/pods", &p133),
+            ("/v1/pods/exec", &p133),
+            ("resource.k8s.io/v1beta2/resourceclaims", &p133),
+            ("resource.k8s.io/v1alpha2/resourceclaims", &To::Local),
+            ("networking.k8s.io/v1alpha1/servicecidrs", &To::Local),
+            ("apps/v1/nonexistent", &To::Missing),
+        ] {
+            assert_eq!(&to(&plan, gvr), want, "{gvr}");
+        }
+        // What stays local has no peer to fail over to; what moved needs no failover.
+        assert!(plan
+            .config
+            .group_versions
+            .iter()
+            .flat_map(|gv| &gv.resources)
+            .all(|r| r.failover_cluster.is_none()));
+        // Once read again, as before.
+        let current = build_with(LocalFreshness::Current);
+        assert_eq!(to(&current, "apps/v1/deployments"), To::Local);
+        assert_ne!(plan.config, current.config);
+    }
+
     #[test]
     fn local_130_with_peer_133() {
         let plan = build(
@@ -362,6 +426,7 @@ mod tests {
             &[peer("peer-133", load(K133))],
             &ServedApis::new(),
             &BTreeSet::new(),
+            LocalFreshness::Current,
         );
         check_invariants(&plan);
         let p133 = peers_of(&["peer-133"]);
@@ -447,6 +512,7 @@ mod tests {
             &[peer("a", load(K130))],
             &ServedApis::new(),
             &BTreeSet::new(),
+            LocalFreshness::Current,
         );
         check_invariants(&plan);
         let a = peers_of(&["a"]);
@@ -481,6 +547,7 @@ mod tests {
             &peers,
             &ServedApis::new(),
             &BTreeSet::new(),
+            LocalFreshness::Current,
         );
         check_invariants(&plan);
         let cases = [
@@ -503,7 +570,8 @@ mod tests {
                 "local",
                 &reversed,
                 &ServedApis::new(),
-                &BTreeSet::new()
+                &BTreeSet::new(),
+                LocalFreshness::Current
             ),
             plan
         );
@@ -535,7 +603,14 @@ mod tests {
             GroupVersion::new("gone.io", "v1"),
         ]
         .into();
-        let plan = build(&local, "local", &peers, &ServedApis::new(), &shared);
+        let plan = build(
+            &local,
+            "local",
+            &peers,
+            &ServedApis::new(),
+            &shared,
+            LocalFreshness::Current,
+        );
         check_invariants(&plan);
         let gvs: Vec<_> = plan
             .config
@@ -566,7 +641,14 @@ mod tests {
     fn edge_cases() {
         let local = synthetic(&[("", "v1", "pods")]);
         // No peers: everything local, no clusters.
-        let plan = build(&local, "local", &[], &ServedApis::new(), &BTreeSet::new());
+        let plan = build(
+            &local,
+            "local",
+            &[],
+            &ServedApis::new(),
+            &BTreeSet::new(),
+            LocalFreshness::Current,
+        );
         check_invariants(&plan);
         assert!(plan.clusters.is_empty());
         assert_eq!(to(&plan, "/v1/pods"), To::Local);
@@ -583,6 +665,7 @@ mod tests {
             &peers,
             &ServedApis::new(),
             &BTreeSet::new(),
+            LocalFreshness::Current,
         );
         check_invariants(&plan);
         assert_eq!(to(&plan, "/v1/pods/resize"), peers_of(&["a"]));
@@ -600,6 +683,7 @@ mod tests {
             &[],
             &ServedApis::new(),
             &BTreeSet::new(),
+            LocalFreshness::Current,
         );
         check_invariants(&plan);
         assert_eq!(plan.config.group_versions.len(), 1);

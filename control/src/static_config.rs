@@ -90,6 +90,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
         peers: config.peers,
         retained: &[],
         shared_storage: config.shared_storage,
+        local_freshness: crate::routing::LocalFreshness::Current,
         wasm_path: config.wasm_path,
         upstream_sds: config.upstream_tls.map(|_| dir.as_path()),
     })?;

@@ -30,7 +30,7 @@ pub mod world {
 
     use crate::discovery::ServedApis;
     use crate::envoy::Address;
-    use crate::routing::{self, Peer, RoutingPlan};
+    use crate::routing::{self, LocalFreshness, Peer, RoutingPlan};
     use crate::xds::{Snapshot, SnapshotInputs};
 
     pub fn served(entries: &[(&str, &str, &str)]) -> ServedApis {
@@ -90,6 +90,7 @@ pub mod world {
             ],
             &Default::default(),
             &BTreeSet::new(),
+            LocalFreshness::Current,
         )
     }
 }
@@ -214,6 +215,7 @@ pub mod rolling_upgrade {
             peers: &peers,
             retained: &retained,
             shared_storage: &BTreeSet::from([GroupVersion::new(g, v)]),
+            local_freshness: crate::routing::LocalFreshness::Current,
             wasm_path: Path::new("/opt/skewgate/skewgate_filter.wasm"),
             upstream_sds: None,
         })

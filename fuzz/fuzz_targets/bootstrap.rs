@@ -107,6 +107,7 @@ fuzz_target!(|data: &[u8]| {
         peers: &peers,
         retained: &[],
         shared_storage: &BTreeSet::new(),
+        local_freshness: skewgate_control::routing::LocalFreshness::Current,
         wasm_path: Path::new("/usr/lib/skewgate/skewgate_filter.wasm"),
         upstream_sds: Some(Path::new("/run/skewgate/sds")),
     }) else {

@@ -168,6 +168,7 @@ fn plan(local: &SimApiserver, peers: &[&SimApiserver]) -> Result<RoutingPlan> {
         &peers,
         &Default::default(),
         &Default::default(),
+        routing::LocalFreshness::Current,
     ))
 }
 

@@ -267,23 +267,49 @@ enum Repeatable {
     Unsafe,
 }
 
+/// Where the filter sent a request, as far as retries care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// A set of peers that serve a resource the local apiserver does not
+    /// ([`crate::routing::PEER_CLUSTER_PREFIX`]).
+    Peers,
+    /// The local apiserver, or a failover cluster (the local apiserver first).
+    LocalFirst,
+}
+
 /// Fail over to another host (another peer serving the same resource) or, through a failover
 /// cluster, from the local apiserver to the peers: up to twice, never to a host tried before
 /// (`previous_hosts`), and never back to a priority tried before (`previous_priorities`: a
 /// failover cluster's priority 0 is the local apiserver, 1 its peers; without it a retry picks
 /// the local apiserver again). The back-off is short: these retries only follow failures that
 /// took no apiserver time (Envoy's default 25 ms base added about 15 ms to every failover).
-fn retry_policy(repeatable: Repeatable) -> RetryPolicy {
+///
+/// A request for a set of peers is retried on a 404 too, whatever its method: a peer that
+/// restarted on another version answers `404 page not found` for what it served until its
+/// control plane re-reads its discovery, while another peer of the set still serves it (the
+/// rolling upgrade's avoidable 503s, BENCHMARKS.md). Envoy cannot tell that 404 from a missing
+/// object's by status code, but no 404 changed anything on the apiserver, so repeating it is
+/// safe; a missing object costs another peer's answer, and only for what the local apiserver
+/// does not serve (a version skew). Not for the local apiserver: most 404s there are missing
+/// objects, and a peer would only say so again.
+fn retry_policy(repeatable: Repeatable, target: Target) -> RetryPolicy {
     use envoy_types::pb::envoy::config::route::v3::retry_policy::{
         retry_host_predicate, retry_priority, RetryBackOff, RetryPriority,
     };
     use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
+    let mut retry_on = match repeatable {
+        Repeatable::Safe => "connect-failure,reset",
+        Repeatable::Unsafe => "connect-failure,reset-before-request",
+    }
+    .to_string();
+    let mut retriable_status_codes = Vec::new();
+    if target == Target::Peers {
+        retry_on.push_str(",retriable-status-codes");
+        retriable_status_codes.push(404);
+    }
     RetryPolicy {
-        retry_on: match repeatable {
-            Repeatable::Safe => "connect-failure,reset",
-            Repeatable::Unsafe => "connect-failure,reset-before-request",
-        }
-        .into(),
+        retry_on,
+        retriable_status_codes,
         num_retries: u32_value(2),
         retry_host_predicate: vec![RetryHostPredicate {
             name: "envoy.retry_host_predicates.previous_hosts".into(),
@@ -338,10 +364,32 @@ fn header_present(name: &str) -> HeaderMatcher {
     }
 }
 
+/// The filter chose a set of peers (any variant of a `skewgate-peers-` cluster).
+fn peer_cluster() -> HeaderMatcher {
+    HeaderMatcher {
+        name: UPSTREAM_CLUSTER_HEADER.into(),
+        header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+            match_pattern: Some(MatchPattern::Prefix(
+                crate::routing::PEER_CLUSTER_PREFIX.into(),
+            )),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
 /// A route to the cluster the filter chose, with `timeout` (zero: none).
-fn routed(mut headers: Vec<HeaderMatcher>, timeout: Duration, repeatable: Repeatable) -> Route {
+fn routed(
+    mut headers: Vec<HeaderMatcher>,
+    timeout: Duration,
+    repeatable: Repeatable,
+    target: Target,
+) -> Route {
     if repeatable == Repeatable::Safe {
         headers.push(safe_method());
+    }
+    if target == Target::Peers {
+        headers.push(peer_cluster());
     }
     Route {
         r#match: Some(RouteMatch {
@@ -354,11 +402,35 @@ fn routed(mut headers: Vec<HeaderMatcher>, timeout: Duration, repeatable: Repeat
                 UPSTREAM_CLUSTER_HEADER.into(),
             )),
             timeout: Some(proto_duration(timeout)),
-            retry_policy: Some(retry_policy(repeatable)),
+            retry_policy: Some(retry_policy(repeatable, target)),
             ..Default::default()
         })),
         ..Default::default()
     }
+}
+
+/// The routes to the cluster the filter chose, most specific first: watches, exec, attach,
+/// port-forward, logs and proxy (`unbounded`) have no route timeout, they stream for as long as
+/// the apiserver keeps them; every other request gets one longer than the apiserver's own
+/// `--request-timeout`, so a live apiserver's 504 Timeout Status wins and one that never
+/// answers becomes a 503. Each in four variants: to a set of peers or local first
+/// ([`Target`]), and safe to repeat or not ([`Repeatable`]).
+fn routed_routes(unbounded: HeaderMatcher, request_timeout: Duration) -> Vec<Route> {
+    let mut routes = Vec::with_capacity(8);
+    for (class, timeout) in [
+        (Some(unbounded), Duration::ZERO),
+        (None, request_timeout + REQUEST_TIMEOUT_MARGIN),
+    ] {
+        for target in [Target::Peers, Target::LocalFirst] {
+            for repeatable in [Repeatable::Safe, Repeatable::Unsafe] {
+                let headers = std::iter::once(header_present(UPSTREAM_CLUSTER_HEADER))
+                    .chain(class.clone())
+                    .collect();
+                routes.push(routed(headers, timeout, repeatable, target));
+            }
+        }
+    }
+    routes
 }
 
 /// The route table. The filter's routing decision travels in two internal headers (a client's
@@ -387,51 +459,30 @@ fn route_config(request_timeout: Duration) -> RouteConfiguration {
                 REQUEST_CLASS_HEADER.into(),
                 "x-forwarded-client-cert".into(),
             ],
-            routes: vec![
-                // Watches, exec, attach, port-forward, logs and proxy: no route timeout, they
-                // stream for as long as the apiserver keeps them.
-                routed(
-                    vec![header_present(UPSTREAM_CLUSTER_HEADER), unbounded.clone()],
-                    Duration::ZERO,
-                    Repeatable::Safe,
-                ),
-                routed(
-                    vec![header_present(UPSTREAM_CLUSTER_HEADER), unbounded],
-                    Duration::ZERO,
-                    Repeatable::Unsafe,
-                ),
-                // Longer than the apiserver's own --request-timeout, so a live apiserver's 504
-                // Timeout Status wins; an apiserver that never answers becomes a 503.
-                routed(
-                    vec![header_present(UPSTREAM_CLUSTER_HEADER)],
-                    request_timeout + REQUEST_TIMEOUT_MARGIN,
-                    Repeatable::Safe,
-                ),
-                routed(
-                    vec![header_present(UPSTREAM_CLUSTER_HEADER)],
-                    request_timeout + REQUEST_TIMEOUT_MARGIN,
-                    Repeatable::Unsafe,
-                ),
-                // The filter routes every request it lets through; without its header a
-                // request has not been sanitised (the filter did not run), so it goes nowhere.
-                Route {
-                    r#match: Some(RouteMatch {
-                        path_specifier: Some(PathSpecifier::Prefix("/".into())),
-                        ..Default::default()
-                    }),
-                    action: Some(route::Action::DirectResponse(DirectResponseAction {
-                        status: 503,
-                        body: Some(DataSource {
-                            specifier: Some(data_source::Specifier::InlineString(
-                                NOT_ROUTED_STATUS.into(),
-                            )),
+            routes: routed_routes(unbounded, request_timeout)
+                .into_iter()
+                .chain([
+                    // The filter routes every request it lets through; without its header a
+                    // request has not been sanitised (the filter did not run), so it goes nowhere.
+                    Route {
+                        r#match: Some(RouteMatch {
+                            path_specifier: Some(PathSpecifier::Prefix("/".into())),
                             ..Default::default()
                         }),
+                        action: Some(route::Action::DirectResponse(DirectResponseAction {
+                            status: 503,
+                            body: Some(DataSource {
+                                specifier: Some(data_source::Specifier::InlineString(
+                                    NOT_ROUTED_STATUS.into(),
+                                )),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        })),
                         ..Default::default()
-                    })),
-                    ..Default::default()
-                },
-            ],
+                    },
+                ])
+                .collect(),
             ..Default::default()
         }],
         // Every cluster comes over CDS (or is a static fallback cluster), after this static
@@ -1147,8 +1198,8 @@ mod tests {
 
         // Every route goes through the filter's header, the catch-all answers 503 itself.
         let routes = routes(&b);
-        assert_eq!(routes.len(), 5);
-        let routed: Vec<(Option<ProtoDuration>, String, bool)> = routes[..4]
+        assert_eq!(routes.len(), 9);
+        let routed: Vec<(Option<ProtoDuration>, String, bool, Vec<u32>)> = routes[..8]
             .iter()
             .map(|r| {
                 let Some(route::Action::Route(action)) = &r.action else {
@@ -1166,25 +1217,42 @@ mod tests {
                     retry.retry_priority.as_ref().map(|p| p.name.as_str()),
                     Some("envoy.retry_priorities.previous_priorities")
                 );
-                let safe = r
-                    .r#match
-                    .as_ref()
-                    .is_some_and(|m| m.headers.iter().any(|h| h.name == ":method"));
-                (action.timeout, retry.retry_on.clone(), safe)
+                let headers = &r.r#match.as_ref().expect("a match").headers;
+                let safe = headers.iter().any(|h| h.name == ":method");
+                // Only the routes to a set of peers retry on a 404, and only those match the
+                // cluster header's prefix.
+                let to_peers = headers.iter().any(|h| {
+                    h.header_match_specifier
+                        == Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+                            match_pattern: Some(MatchPattern::Prefix(
+                                crate::routing::PEER_CLUSTER_PREFIX.into(),
+                            )),
+                            ..Default::default()
+                        }))
+                });
+                assert_eq!(to_peers, !retry.retriable_status_codes.is_empty());
+                (
+                    action.timeout,
+                    retry.retry_on.clone(),
+                    safe,
+                    retry.retriable_status_codes.clone(),
+                )
             })
             .collect();
         let safe = "connect-failure,reset".to_string();
         let unsafe_ = "connect-failure,reset-before-request".to_string();
-        assert_eq!(
-            routed,
-            [
-                (seconds(0), safe.clone(), true),
-                (seconds(0), unsafe_.clone(), false),
-                (seconds(70), safe, true),
-                (seconds(70), unsafe_, false),
-            ]
-        );
-        let Some(route::Action::DirectResponse(reply)) = &routes[4].action else {
+        let peers = |on: &str| format!("{on},retriable-status-codes");
+        let mut expected = Vec::new();
+        for timeout in [seconds(0), seconds(70)] {
+            expected.extend([
+                (timeout, peers(&safe), true, vec![404]),
+                (timeout, peers(&unsafe_), false, vec![404]),
+                (timeout, safe.clone(), true, vec![]),
+                (timeout, unsafe_.clone(), false, vec![]),
+            ]);
+        }
+        assert_eq!(routed, expected);
+        let Some(route::Action::DirectResponse(reply)) = &routes[8].action else {
             panic!("the catch-all answers itself");
         };
         assert_eq!(reply.status, 503);

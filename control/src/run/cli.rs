@@ -669,7 +669,7 @@ mod tests {
         let b = decoded(&args);
         assert_eq!(
             route_timeouts(&b),
-            [Some(secs(0)), Some(secs(0)), Some(secs(70)), Some(secs(70))],
+            [[Some(secs(0)); 4], [Some(secs(70)); 4]].concat(),
             "the short-request timeout is --request-timeout + 10s"
         );
         let chain = &listener(&b, LISTENER_NAME).expect("listener").filter_chains[0];

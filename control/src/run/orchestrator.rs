@@ -30,6 +30,7 @@ use crate::fetch::{
     DiscoveryMetrics, FetchConfig, RefreshConfig,
 };
 use crate::peers::PeerSet;
+use crate::routing::LocalFreshness;
 use crate::shared_storage::SharedStorage;
 use crate::xds::Snapshot;
 
@@ -163,6 +164,8 @@ struct Fingerprint {
     shared: BTreeSet<GroupVersion>,
     /// Retained apiservers and when each left.
     retained: Vec<(String, SystemTime)>,
+    /// Whether the local apiserver's last discovery fetch failed.
+    local_freshness: LocalFreshness,
 }
 
 fn same_docs(a: &Option<Arc<DiscoveryDocuments>>, b: &Option<Arc<DiscoveryDocuments>>) -> bool {
@@ -179,6 +182,7 @@ impl PartialEq for Fingerprint {
             && same_docs(&self.local, &other.local)
             && self.shared == other.shared
             && self.retained == other.retained
+            && self.local_freshness == other.local_freshness
             && self.peers.len() == other.peers.len()
             && self
                 .peers
@@ -538,6 +542,17 @@ impl Orchestrator {
             self.report_status(set, Some(&self.routed));
             return;
         }
+        let was = self.fingerprint.as_ref().map(|f| f.local_freshness);
+        if was.is_some_and(|was| was != fingerprint.local_freshness) {
+            match fingerprint.local_freshness {
+                LocalFreshness::Unconfirmed => info!(
+                    "the local apiserver's discovery could not be read: what the peers serve too goes to them until it is read again"
+                ),
+                LocalFreshness::Current => {
+                    info!("the local apiserver's discovery was read again: local first as before")
+                }
+            }
+        }
         let local_id = fingerprint.local_id.clone();
         let planned = match self.plan(set, storage, &fingerprint) {
             Ok(p) => p,
@@ -677,6 +692,11 @@ impl Orchestrator {
                 .iter()
                 .map(|r| (r.id.to_string(), r.left_at))
                 .collect(),
+            local_freshness: if self.local.watch.state.borrow().consecutive_failures > 0 {
+                LocalFreshness::Unconfirmed
+            } else {
+                LocalFreshness::Current
+            },
         }
     }
 
@@ -763,6 +783,7 @@ impl Orchestrator {
             peers: &views,
             retained: &retained,
             shared_storage: &storage.group_versions,
+            local_freshness: fingerprint.local_freshness,
             wasm_path: &self.config.wasm,
             // With TLS, `--sds-dir` holds the SDS files written at start (`cli::run_async`).
             upstream_sds: self.config.sds_dir.as_deref(),

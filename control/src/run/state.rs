@@ -501,6 +501,7 @@ mod tests {
                 peers,
                 retained: &[],
                 shared_storage: shared,
+                local_freshness: crate::routing::LocalFreshness::Current,
                 wasm_path: Path::new("/opt/skewgate.wasm"),
                 upstream_sds: None,
             })
@@ -626,6 +627,7 @@ mod tests {
             peers: &[b],
             retained: &[],
             shared_storage: &BTreeSet::new(),
+            local_freshness: crate::routing::LocalFreshness::Current,
             wasm_path: Path::new("/opt/skewgate.wasm"),
             upstream_sds: None,
         });

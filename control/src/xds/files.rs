@@ -143,6 +143,7 @@ mod tests {
             }],
             &Default::default(),
             &BTreeSet::new(),
+            routing::LocalFreshness::Current,
         );
         let local = Address::parse("127.0.0.1:6443").expect("address");
         let peers = [(
