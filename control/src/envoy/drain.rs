@@ -20,7 +20,10 @@
 //!    `--drain-time-s`.
 //! 3. After the drain time, `POST /drain_listeners`: the ports close (connections are refused;
 //!    the load balancer has had the drain time to notice `/readyz`). Open connections stay.
-//! 4. After the finish time, `POST /quitquitquit`: Envoy exits. What is still open then ends:
+//! 4. Once no client request is in flight (polled every 100 ms), or at the latest after the
+//!    finish time, `POST /quitquitquit`: Envoy exits, and the kubelet (or the compose node) can
+//!    start the next one; a client pinned to this node's address, not going through the load
+//!    balancer, is refused only until it listens. What is still open then ends:
 //!    watches and other long-running requests (an HTTP/1.1 watch sees the connection close
 //!    without the last chunk, an HTTP/2 one the connection close after the final GOAWAY; client-go
 //!    takes either as the end of the watch and watches again, through the load balancer, on
@@ -195,13 +198,51 @@ pub async fn drain(
     tokio::time::sleep(drain_time).await;
     post("closing the ports", "/drain_listeners").await?;
     say(&format!(
-        "ports closed; Envoy exits in {}s, ending what is still open",
+        "ports closed; Envoy exits once no client request is in flight, at most in {}s",
         finish_time.as_secs_f64()
     ));
-    tokio::time::sleep(finish_time).await;
+    let finished = tokio::time::Instant::now() + finish_time;
+    loop {
+        if requests_in_flight(admin).await == Some(0) {
+            say("no client request in flight");
+            break;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= finished {
+            break;
+        }
+        tokio::time::sleep(FINISH_POLL.min(finished - now)).await;
+    }
     post("stopping Envoy", "/quitquitquit").await?;
     say("Envoy told to exit");
     Ok(())
+}
+
+/// How often the finish step asks Envoy whether a client request is still in flight.
+const FINISH_POLL: Duration = Duration::from_millis(100);
+
+/// The client listener's requests in flight (its connection manager's
+/// `downstream_rq_active`); `None` when Envoy does not say (the finish time then runs out).
+/// Once the ports are closed, Envoy exits as soon as this is zero: a node whose clients
+/// cannot reach the load balancer (pinned to its address) is refused only for Envoy's
+/// restart, not for the whole finish time. Watches keep it above zero until the finish time.
+async fn requests_in_flight(admin: &LocalChannel) -> Option<u64> {
+    let body = admin::get(admin, REQUESTS_IN_FLIGHT_STAT).await.ok()?;
+    parse_requests_in_flight(&body)
+}
+
+/// `/stats` in its text form, filtered to the one gauge.
+const REQUESTS_IN_FLIGHT_STAT: &str =
+    "/stats?filter=%5Ehttp%5C.apiserver%5C.downstream_rq_active%24";
+
+fn parse_requests_in_flight(body: &str) -> Option<u64> {
+    let name = format!(
+        "http.{}.downstream_rq_active:",
+        crate::envoy::bootstrap::LISTENER_NAME
+    );
+    body.lines()
+        .find_map(|line| line.strip_prefix(name.as_str()))
+        .and_then(|value| value.trim().parse().ok())
 }
 
 /// `skewgate-control drain-envoy`: read the admin address from the bootstrap, then [`drain`].
@@ -295,8 +336,16 @@ mod tests {
                     .next()
                     .unwrap_or_default()
                     .to_string();
+                let body = if line.starts_with("GET /stats?") {
+                    "http.apiserver.downstream_rq_active: 0\n"
+                } else {
+                    "OK\n"
+                };
                 log.lock().expect("log").push(line);
-                let reply = format!("HTTP/1.1 {status} X\r\ncontent-length: 3\r\n\r\nOK\n");
+                let reply = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
                 let _ = stream.write_all(reply.as_bytes()).await;
             }
         });
@@ -307,21 +356,26 @@ mod tests {
     async fn the_drain_fails_readyz_drains_closes_the_ports_then_stops_envoy() {
         let (admin, seen) = fake_admin(200).await;
         let said = Mutex::new(Vec::new());
-        drain(&admin, Duration::ZERO, Duration::ZERO, |s| {
+        // Nothing in flight once the ports are closed: Envoy stops at once, not after the
+        // finish time (an hour here).
+        let started = tokio::time::Instant::now();
+        drain(&admin, Duration::ZERO, Duration::from_secs(3600), |s| {
             said.lock().expect("said").push(s.to_string())
         })
         .await
         .expect("drained");
+        assert!(started.elapsed() < Duration::from_secs(60));
         assert_eq!(
             *seen.lock().expect("seen"),
             [
                 "POST /healthcheck/fail HTTP/1.1",
                 "POST /drain_listeners?graceful&skip_exit HTTP/1.1",
                 "POST /drain_listeners HTTP/1.1",
+                &format!("GET {REQUESTS_IN_FLIGHT_STAT} HTTP/1.1"),
                 "POST /quitquitquit HTTP/1.1",
             ]
         );
-        assert_eq!(said.lock().expect("said").len(), 3);
+        assert_eq!(said.lock().expect("said").len(), 4);
 
         // The first refusal stops the sequence, naming its step.
         let (admin, seen) = fake_admin(405).await;
@@ -330,6 +384,20 @@ mod tests {
             .expect_err("refused");
         assert!(err.to_string().starts_with("failing /readyz"), "{err}");
         assert_eq!(seen.lock().expect("seen").len(), 1);
+    }
+
+    #[test]
+    fn requests_in_flight_is_read_from_the_stats_text() {
+        for (body, want) in [
+            ("http.apiserver.downstream_rq_active: 0\n", Some(0)),
+            ("x: 1\nhttp.apiserver.downstream_rq_active: 12\n", Some(12)),
+            ("http.apiserver.downstream_rq_active: many\n", None),
+            ("http.peer.downstream_rq_active: 0\n", None),
+            ("OK\n", None),
+            ("", None),
+        ] {
+            assert_eq!(parse_requests_in_flight(body), want, "{body:?}");
+        }
     }
 
     #[test]
