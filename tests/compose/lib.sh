@@ -78,7 +78,9 @@ prepare() {
   kubectl=$(readlink -f .tools/venv/bin/kubectl)
   # Envoy is dynamically linked: it must find everything in the bookworm image (the image is the
   # host's release here; ldd inside the container says so for sure).
-  tests/compose/pki "$pki" "$prefix.11" "$prefix.12" "$prefix.13"
+  # The nodes, and the load balancer (tests/compose/haproxy.cfg), as kubeadm's
+  # controlPlaneEndpoint is in the apiserver's certificate.
+  tests/compose/pki "$pki" "$prefix.11" "$prefix.12" "$prefix.13" "$prefix.30"
   rm -rf "$logs" && mkdir -p "$logs"
   # One context per node's Envoy; node-1 is the default.
   cat >"$logs/kubeconfig" <<YAML
