@@ -607,6 +607,25 @@ mod tests {
             .map(|c| c.command)
     }
 
+    /// A default written as a flag's text is the constant the code's own defaults use.
+    #[test]
+    fn run_flag_defaults_are_the_constants() {
+        let Ok(Command::Run(args)) = parse(&[
+            "run",
+            "--local-apiserver-url=https://127.0.0.1:6443",
+            "--node-name=cp-1",
+            "--wasm=/x.wasm",
+        ]) else {
+            panic!("parses");
+        };
+        assert_eq!(args.lease_grace, crate::peers::DEFAULT_GRACE);
+        assert_eq!(
+            args.api_retention,
+            crate::run::retention::DEFAULT_API_RETENTION
+        );
+        assert_eq!(args.max_peers, crate::peers::DEFAULT_MAX_PEERS);
+    }
+
     #[test]
     fn run_flags_parse_like_kube_apiserver_flags() {
         let Ok(Command::Run(args)) = parse(&[
