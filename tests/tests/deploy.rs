@@ -218,7 +218,7 @@ fn the_envoy_pod_drains_within_its_grace_period() -> Result<()> {
     let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
     for said in [
         format!("After {DEFAULT_DRAIN_SECONDS} s the ports close"),
-        format!("requests in flight get {DEFAULT_FINISH_SECONDS} s more"),
+        format!("at most {DEFAULT_FINISH_SECONDS} s later"),
         format!(
             "{} s after the SIGTERM",
             DEFAULT_DRAIN_SECONDS + DEFAULT_FINISH_SECONDS
