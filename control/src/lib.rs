@@ -8,7 +8,6 @@ pub mod flags;
 pub mod health;
 pub mod local_channels;
 pub mod metrics;
-pub mod openapi;
 pub mod peers;
 pub mod plan;
 pub mod routing;

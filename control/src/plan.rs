@@ -17,10 +17,10 @@ use skewgate_core::config::{OpenApiPeerEntry, MAX_CONFIG_BYTES};
 use skewgate_core::group_version::GroupVersion;
 
 use crate::discovery::documents::DiscoveryDocuments;
+use crate::discovery::openapi::{self, PeerRoot};
 use crate::discovery::payload;
 use crate::discovery::ServedApis;
 use crate::envoy::{Address, EnvoyError};
-use crate::openapi::{self, PeerRoot};
 use crate::routing::{self, Peer, PeerCluster, RoutingPlan};
 use crate::xds::{Snapshot, SnapshotInputs};
 
@@ -480,7 +480,7 @@ mod tests {
     fn peer_only_openapi_entries_go_into_the_config_with_their_cluster() {
         let url = "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=AB";
         let mut peer_docs = documents("k8s-1.33");
-        peer_docs.openapi = Some(crate::openapi::OpenApiRoot {
+        peer_docs.openapi = Some(openapi::OpenApiRoot {
             paths: [
                 ("apis/coordination.k8s.io/v1beta1", url),
                 // The local 1.30 apiserver serves apps/v1: its own entry stands.

@@ -111,9 +111,9 @@ pub mod rolling_upgrade {
     use skewgate_core::group_version::GroupVersion;
 
     use crate::discovery::documents::DiscoveryDocuments;
+    use crate::discovery::openapi::OpenApiRoot;
     use crate::discovery::APIGroupDiscovery;
     use crate::envoy::Address;
-    use crate::openapi::OpenApiRoot;
     use crate::plan::{plan, ApiserverView, Plan, PlanInputs, RetainedView};
 
     /// The CRD every apiserver serves from etcd.

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::value::RawValue;
-use skewgate_control::openapi::OpenApiRoot;
+use skewgate_control::discovery::openapi::OpenApiRoot;
 use skewgate_core::config::OpenApiPeerEntry;
 use skewgate_core::openapi::{union_root, validate_entry, OpenApiUnion, MAX_UNION_BYTES};
 

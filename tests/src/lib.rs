@@ -39,7 +39,7 @@ mod wait;
 pub use browser::{chromium_bin, dump_dom, screenshot, test_artefacts_dir};
 pub use envoy::{mixed_cluster, Envoy, EnvoyOptions, PeerSpec, Probe, DEFAULT_REQUEST_TIMEOUT};
 pub use etcd::Etcd;
-pub use http::{header, local_get, watch_until};
+pub use http::{client, header, local_get, watch_until};
 pub use kubeconfig::{kubeconfig_tls, kubeconfig_yaml, Credential};
 pub use kubectl::{kubectl, kubectl_with};
 pub use net::{black_hole, free_port};
@@ -51,9 +51,12 @@ pub use pki::{
     cert_dns_names, cert_serial, replace_file, token_file_csv, CertFiles, CertUsage, Subject,
     TestCa, TestPki, TestToken, FRONT_PROXY_CLIENT_CN, SERVING_NAMES, TEST_TOKENS,
 };
-pub use sim::{identity_lease_name, PeerAdvertise, SimApiserver, SimOptions};
+pub use sim::{PeerAdvertise, SimApiserver, SimOptions};
+/// The simulated apiserver names its identity Lease as kube-apiserver does: the control plane's
+/// function, checked against a known name in `tests/tests/leases.rs`.
+pub use skewgate_control::peers::identity_lease_name;
 pub use upgrades::{
     presented_certificate, upgrade_request, RawTls, UpgradeKind, Upgraded, WEBSOCKET_ACCEPT,
     WEBSOCKET_KEY,
 };
-pub use wait::wait_until;
+pub use wait::{eventually, wait_until};

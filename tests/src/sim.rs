@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use skewgate_control::discovery::DiscoveryDocuments;
 use skewgate_control::envoy::Address;
+use skewgate_control::peers::identity_lease_name;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -108,35 +109,6 @@ impl SimApiserver {
         }
         Ok(())
     }
-}
-
-/// The name of kube-apiserver's identity Lease for `hostname`: `apiserver-` and the lower-case
-/// unpadded base32 of the first 16 bytes of sha256(u16-length-prefixed hostname,
-/// u16-length-prefixed `kube-apiserver`), as kube-apiserver computes it.
-pub fn identity_lease_name(hostname: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let mut data = Vec::new();
-    for part in [hostname.as_bytes(), b"kube-apiserver".as_slice()] {
-        let len = u16::try_from(part.len()).unwrap_or(u16::MAX);
-        data.extend_from_slice(&len.to_be_bytes());
-        data.extend_from_slice(&part[..usize::from(len)]);
-    }
-    let hash = Sha256::digest(&data);
-    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
-    let mut out = String::from("apiserver-");
-    let (mut buffer, mut bits) = (0u32, 0u32);
-    for byte in &hash[..16] {
-        buffer = (buffer << 8) | u32::from(*byte);
-        bits += 8;
-        while bits >= 5 {
-            bits -= 5;
-            out.push(char::from(ALPHABET[((buffer >> bits) & 31) as usize]));
-        }
-    }
-    if bits > 0 {
-        out.push(char::from(ALPHABET[((buffer << (5 - bits)) & 31) as usize]));
-    }
-    out
 }
 
 /// What the `kubernetes.io/peer-advertise-address` annotation of a simulated apiserver says.

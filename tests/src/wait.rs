@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use std::future::Future;
 
 /// Poll `done` until it holds or `timeout` passes.
 pub async fn wait_until(
@@ -18,4 +19,29 @@ pub async fn wait_until(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     Ok(())
+}
+
+/// Poll `check` every 10 ms until it gives `Some`, for at most `timeout`; returns the value and
+/// how long it took. The error names `what` and the last error or "not yet".
+pub async fn eventually<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut check: F,
+) -> Result<(T, Duration)>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let start = Instant::now();
+    loop {
+        let last = match check().await {
+            Ok(Some(v)) => return Ok((v, start.elapsed())),
+            Ok(None) => "not yet".to_string(),
+            Err(e) => format!("{e:#}"),
+        };
+        if start.elapsed() > timeout {
+            bail!("{what}: not within {timeout:?} (last: {last})");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

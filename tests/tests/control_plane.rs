@@ -21,9 +21,9 @@ use futures_util::StreamExt;
 use skewgate_control::envoy::Address;
 use skewgate_control::local_channels::{ADMIN_SOCKET, XDS_SOCKET};
 use skewgate_tests::{
-    control_bin, envoy_bin, free_port, header, kubeconfig_tls, kubectl, local_get, repo_root,
-    wasm_path, Credential, Envoy, Etcd, PeerAdvertise, Probe, SimApiserver, SimOptions, Subject,
-    TestPki, TEST_TOKENS,
+    client, control_bin, envoy_bin, eventually, free_port, header, kubeconfig_tls, kubectl,
+    local_get, repo_root, wasm_path, Credential, Envoy, Etcd, PeerAdvertise, Probe, SimApiserver,
+    SimOptions, Subject, TestPki, TEST_TOKENS,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
@@ -41,13 +41,6 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn shared(id: &str, fixture: &str, etcd: &Etcd) -> SimOptions {
     SimOptions::shared(id, fixture, etcd, RENEW)
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("a client")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -414,26 +407,6 @@ async fn expect_fallback(envoy: &Envoy, mode: &str) -> Result<()> {
     })
     .await?;
     Ok(())
-}
-
-/// Poll `check` until it gives `Some`; returns it and how long that took.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<(T, Duration)>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
-{
-    let start = Instant::now();
-    loop {
-        let last = match check().await {
-            Ok(Some(v)) => return Ok((v, start.elapsed())),
-            Ok(None) => "not yet".to_string(),
-            Err(e) => format!("{e:#}"),
-        };
-        if start.elapsed() > timeout {
-            bail!("{what}: not within {timeout:?} (last: {last})");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Wait until `path` answers `status` from `server` through Envoy.

@@ -9,19 +9,11 @@ use serde_json::{json, Value};
 use skewgate_control::static_config::BOOTSTRAP_FILE;
 use skewgate_tests::bootstrap::relocate_static;
 use skewgate_tests::{
-    black_hole, header, kubectl, mixed_cluster, watch_until, Envoy, EnvoyOptions, PeerSpec,
+    black_hole, client, header, kubectl, mixed_cluster, watch_until, Envoy, EnvoyOptions, PeerSpec,
     SimApiserver, SimOptions,
 };
 
 const CLAIMS_V1BETA2: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims";
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        // A bound on every answer: "within a bounded time" for the 503 case.
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
-}
 
 /// kube-apiserver --request-timeout of 1 s: Envoy bounds short requests at 11 s.
 fn short_timeout() -> EnvoyOptions {

@@ -315,8 +315,8 @@ async fn a_merged_document_over_envoys_buffer_limit_is_served_whole() -> Result<
 /// peer entries that fit, in path order; Envoy keeps serving.
 #[tokio::test]
 async fn the_openapi_union_at_the_entry_limit_stays_under_envoys_buffer_limit() -> Result<()> {
+    use skewgate_control::discovery::openapi::OpenApiRoot;
     use skewgate_control::discovery::APIGroupDiscovery;
-    use skewgate_control::openapi::OpenApiRoot;
     use skewgate_core::openapi::{MAX_ENTRIES, MAX_UNION_BYTES, MAX_URL};
 
     let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;

@@ -13,10 +13,10 @@ use anyhow::Result;
 use serde_json::{json, Value};
 use skewgate_control::envoy::{Address, ServingTls, UpstreamTls};
 use skewgate_tests::{
-    cert_dns_names, cert_serial, free_port, header, kubeconfig_tls, kubectl, presented_certificate,
-    replace_file, upgrade_request, watch_until, CertFiles, CertUsage, Credential, Envoy,
-    EnvoyOptions, PeerSpec, SimApiserver, SimOptions, Subject, TestPki, UpgradeKind,
-    FRONT_PROXY_CLIENT_CN, SERVING_NAMES, TEST_TOKENS,
+    cert_dns_names, cert_serial, eventually, free_port, header, kubeconfig_tls, kubectl,
+    presented_certificate, replace_file, upgrade_request, watch_until, CertFiles, CertUsage,
+    Credential, Envoy, EnvoyOptions, PeerSpec, SimApiserver, SimOptions, Subject, TestPki,
+    UpgradeKind, FRONT_PROXY_CLIENT_CN, SERVING_NAMES, TEST_TOKENS,
 };
 
 const CLAIMS: &str = "/apis/resource.k8s.io/v1alpha2/namespaces/default/resourceclaims";
@@ -441,27 +441,6 @@ async fn peers_reach_each_other_through_the_peer_port() -> Result<()> {
     Ok(())
 }
 
-/// Poll `probe` every 100 ms until it gives `Some`, for at most `within`.
-async fn eventually<T, F, Fut>(within: Duration, what: &str, mut probe: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
-{
-    let deadline = Instant::now() + within;
-    let mut last = String::new();
-    loop {
-        match probe().await {
-            Ok(Some(found)) => return Ok(found),
-            Ok(None) => {}
-            Err(e) => last = format!("{e:#}"),
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("{what}: not within {within:?} (last error: {last})");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Certificate rotation without a restart (Envoy reads every certificate through SDS from the
 /// files, `skewgate_control::envoy::secrets`): a renewed serving certificate (replaced by a
 /// rename, then rewritten in place) is presented to new clients, and a renewed proxy-client
@@ -535,9 +514,9 @@ async fn renewed_certificates_are_served_without_a_restart_and_a_watch_keeps_str
     }
 
     // Within seconds, new client connections get the new serving certificate...
-    let presented = eventually(
-        Duration::from_secs(10),
+    let (presented, _) = eventually(
         "the new serving certificate",
+        Duration::from_secs(10),
         || async {
             let der = presented_certificate(&c.envoy.address, &tls).await?;
             Ok((cert_serial(&der)? == serving.serial()?).then_some(der))
@@ -553,8 +532,8 @@ async fn renewed_certificates_are_served_without_a_restart_and_a_watch_keeps_str
     let fresh = c.pki.client_builder(Some(&c.alice))?.http1_only().build()?;
     let want = proxy_client.serial()?;
     eventually(
-        Duration::from_secs(10),
         "the new proxy-client certificate",
+        Duration::from_secs(10),
         || async {
             let resp = fresh.get(&url).send().await?;
             let seen = (
@@ -600,8 +579,8 @@ async fn renewed_certificates_are_served_without_a_restart_and_a_watch_keeps_str
     std::fs::write(&c.pki.serving.cert_file, &again.cert_pem)?;
     let want = again.serial()?;
     eventually(
-        Duration::from_secs(10),
         "the serving certificate rewritten in place",
+        Duration::from_secs(10),
         || async {
             let der = presented_certificate(&c.envoy.address, &tls).await?;
             Ok((cert_serial(&der)? == want).then_some(()))

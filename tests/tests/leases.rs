@@ -14,19 +14,12 @@ use skewgate_control::peers::{
     self, AddressPolicy, AddressSource, Exclusion, LeaseField, LocalSelector, MappingEntry,
     PeerConfig, PeerMetrics, PeerSet, PeerWatcher, RejectReason,
 };
-use skewgate_tests::{watch_until, Etcd, PeerAdvertise, SimApiserver, SimOptions};
+use skewgate_tests::{client, watch_until, Etcd, PeerAdvertise, SimApiserver, SimOptions};
 
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases";
 
 /// Renewal interval of the simulated apiservers (kube: 10 s).
 const RENEW: Duration = Duration::from_millis(500);
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
-}
 
 fn config(grace: Duration) -> PeerConfig {
     PeerConfig {

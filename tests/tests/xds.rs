@@ -35,7 +35,8 @@ use skewgate_control::xds::{
 };
 use skewgate_core::config::{FilterDialect, SCHEMA_VERSION};
 use skewgate_tests::{
-    free_port, header, wait_until, wasm_path, Envoy, Probe, SimApiserver, DEFAULT_REQUEST_TIMEOUT,
+    client, free_port, header, wait_until, wasm_path, Envoy, Probe, SimApiserver,
+    DEFAULT_REQUEST_TIMEOUT,
 };
 use tokio::sync::{oneshot, watch};
 
@@ -115,13 +116,6 @@ async fn live_envoy(channels: &LocalChannels) -> Result<Envoy> {
     }
     .render()?;
     Envoy::spawn(&yaml, listen).await
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
 }
 
 /// (status, x-sim-apiserver) of a GET through Envoy.

@@ -29,7 +29,7 @@ pub struct DiscoveryDocuments {
     /// `/api`: the core group (one item named `""`).
     pub api: APIGroupDiscoveryList,
     /// `/openapi/v3`, when the apiserver answered it (docs/ARCHITECTURE.md "OpenAPI v3").
-    pub openapi: Option<crate::openapi::OpenApiRoot>,
+    pub openapi: Option<super::openapi::OpenApiRoot>,
 }
 
 impl DiscoveryDocuments {

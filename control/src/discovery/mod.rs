@@ -25,6 +25,7 @@
 pub mod documents;
 pub mod legacy;
 pub mod merge;
+pub mod openapi;
 pub mod payload;
 
 pub use documents::DiscoveryDocuments;

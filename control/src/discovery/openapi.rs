@@ -13,7 +13,7 @@ use serde::Deserialize;
 use skewgate_core::group_version::GroupVersion;
 use skewgate_core::openapi::{validate_entry, MAX_ENTRIES};
 
-use crate::discovery::ServedApis;
+use super::ServedApis;
 
 /// The largest `/openapi/v3` root read: [`MAX_ENTRIES`] entries of a few hundred bytes (kube's
 /// 1.33 root is about 12 KiB); reading stops there.

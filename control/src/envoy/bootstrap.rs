@@ -843,11 +843,8 @@ impl Bootstrap<'_> {
                 (Waits::split(fallback.wait), Some(rendered.filter))
             }
         };
-        let filter_source = config_source(
-            self.config_source,
-            crate::xds::files::FILTER_FILE,
-            waits.filter,
-        )?;
+        let filter_source =
+            config_source(self.config_source, super::files::FILTER_FILE, waits.filter)?;
         let transport_socket = self
             .serving
             .map(|serving| downstream_tls(serving, self.sds_dir))
@@ -887,7 +884,7 @@ impl Bootstrap<'_> {
             // expired, a broken apiserver that still looks alive.
             cds_config: Some(config_source(
                 self.config_source,
-                crate::xds::files::CLUSTERS_FILE,
+                super::files::CLUSTERS_FILE,
                 waits.clusters,
             )?),
             ..Default::default()

@@ -136,7 +136,7 @@ impl ConnectionDrain {
 /// Write `drain` into `socket_dir`'s [`GOAWAY_FILE`], renamed into place (Envoy reloads it on
 /// the rename and never sees half a file). The only writer of the file.
 pub fn write(socket_dir: &Path, drain: ConnectionDrain) -> std::io::Result<()> {
-    crate::xds::files::replace(socket_dir, GOAWAY_FILE, drain.text().as_bytes())
+    super::files::replace(socket_dir, GOAWAY_FILE, drain.text().as_bytes())
 }
 
 /// The overload manager that reads `file` (absolute, [`GOAWAY_FILE`] in the socket directory)

@@ -14,6 +14,7 @@ pub mod admin;
 pub mod bootstrap;
 pub mod drain;
 pub mod fallback;
+pub mod files;
 pub mod goaway;
 pub mod resources;
 pub mod secrets;

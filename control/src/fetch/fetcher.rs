@@ -20,7 +20,7 @@ use super::client::ClientTemplate;
 use super::content_type::{classify_content_type, DocumentFormat, DISCOVERY_ACCEPT, LEGACY_ACCEPT};
 use super::error::{FetchError, SetupError};
 use crate::discovery::legacy::{self, VersionOutcome};
-use crate::openapi::OpenApiRoot;
+use crate::discovery::openapi::OpenApiRoot;
 
 /// The OpenAPI v3 root (docs/ARCHITECTURE.md "OpenAPI v3").
 const OPENAPI_ROOT: &str = skewgate_core::openapi::ROOT_PATH;
@@ -308,7 +308,7 @@ impl DiscoveryFetcher {
     async fn fetch_openapi(&self) -> Option<OpenApiRoot> {
         let url = self.full_url(OPENAPI_ROOT);
         // Its own, smaller cap: kube's root is a few hundred bytes per group-version.
-        let budget = Budget::new(crate::openapi::MAX_ROOT_BYTES);
+        let budget = Budget::new(crate::discovery::openapi::MAX_ROOT_BYTES);
         let raw = match self
             .get(OPENAPI_ROOT, "application/json", None, Some(&budget))
             .await
@@ -319,7 +319,7 @@ impl DiscoveryFetcher {
                 return None;
             }
         };
-        match OpenApiRoot::parse(&raw.body, crate::openapi::MAX_ROOT_BYTES) {
+        match OpenApiRoot::parse(&raw.body, crate::discovery::openapi::MAX_ROOT_BYTES) {
             Ok((root, refused)) => {
                 if !refused.is_empty() {
                     tracing::warn!(apiserver = %self.inner.id, %url, ?refused, "/openapi/v3 entries left out");

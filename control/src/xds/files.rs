@@ -19,15 +19,11 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use envoy_types::util::pack_any;
 use prost::Message;
 
+use crate::envoy::files::{replace, CLUSTERS_FILE, FILTER_FILE};
 use crate::envoy::secrets::{sds_file, SECRET_TYPE_URL};
 
 use super::snapshot::{Snapshot, Versioned};
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
-
-/// The clusters (CDS).
-pub const CLUSTERS_FILE: &str = "clusters.pb";
-/// The filter configuration (ECDS).
-pub const FILTER_FILE: &str = "filter.pb";
 
 fn response(
     snapshot: &Snapshot,
@@ -40,17 +36,6 @@ fn response(
         resources: resources.values().map(|v| v.resource.clone()).collect(),
         ..Default::default()
     }
-}
-
-pub(crate) fn replace(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    // A temporary name of this process's and this call's own: `bootstrap` and `run` write the
-    // same SDS files at start, and with one shared temporary name one's rename took the file
-    // from under the other's (ENOENT, seen in the compose suite).
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, dir.join(name))
 }
 
 /// Write `snapshot` into `dir` (which must exist). The clusters go first: a filter
