@@ -23,12 +23,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use prost::Message;
 use skewgate_control::envoy::bootstrap::{Bootstrap, ConfigSource};
+use skewgate_control::envoy::dialect::node_metadata;
 use skewgate_control::envoy::fallback::FallbackInputs;
 use skewgate_control::envoy::resources::filter_extension_config;
 use skewgate_control::envoy::{Address, FILTER_NAME};
 use skewgate_control::local_channels::{self, LocalChannel, LocalChannels};
 use skewgate_control::routing::{self, Peer, RoutingPlan};
-use skewgate_control::xds::dialect::node_metadata;
 use skewgate_control::xds::{
     self, Snapshot, SnapshotInputs, XdsError, XdsMetrics, CLUSTER_TYPE_URL,
     EXTENSION_CONFIG_TYPE_URL,

@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 // The filter validates its configuration with the same rule: one definition, in the core.
-use skewgate_core::config::valid_segment;
+use skewgate_core::group_version::valid_segment;
 
 /// Default upper bound on one discovery document, in bytes.
 ///

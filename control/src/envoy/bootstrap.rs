@@ -82,8 +82,8 @@ use super::goaway::GoawayFile;
 use super::resources::{envoy_address, proto_duration, HTTP_PROTOCOL_OPTIONS, WASM_TYPE_URL};
 use super::secrets::{sds_secret_config, CLIENT_CA_SECRET, SERVING_SECRET};
 use super::{checked_path, Address, EnvoyError, FILTER_NAME, REQUEST_TIMEOUT_MARGIN};
+use crate::envoy::dialect::node_metadata;
 use crate::local_channels::{LocalChannel, SOCKET_MODE};
-use crate::xds::dialect::node_metadata;
 use skewgate_core::config::FilterDialect;
 
 /// The listener clients connect to, and its route table and virtual host.
@@ -1122,10 +1122,10 @@ mod tests {
         assert_eq!(b.node.as_ref().map(|n| n.id.as_str()), Some("apiserver-a"));
         // The node says what this release's filter reads, as the xDS server reads it back.
         assert_eq!(
-            crate::xds::dialect::negotiate(b.node.as_ref()),
-            crate::xds::dialect::Negotiated {
+            crate::envoy::dialect::negotiate(b.node.as_ref()),
+            crate::envoy::dialect::Negotiated {
                 dialect: FilterDialect::this_filter(),
-                advertised: crate::xds::dialect::Advertised::Yes,
+                advertised: crate::envoy::dialect::Advertised::Yes,
             }
         );
         // Admin and xDS on Unix sockets only the owner may open; Envoy binds admin.

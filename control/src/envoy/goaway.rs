@@ -341,7 +341,7 @@ mod tests {
         };
         assert_eq!(chance_of(&b), Some(0.001));
         assert_eq!(
-            crate::xds::dialect::negotiate(b.node.as_ref()).dialect,
+            crate::envoy::dialect::negotiate(b.node.as_ref()).dialect,
             skewgate_core::config::FilterDialect::this_filter(),
             "the filter's dialect is still there"
         );

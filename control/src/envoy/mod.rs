@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 pub mod admin;
 pub mod bootstrap;
+pub mod dialect;
 pub mod drain;
 pub mod fallback;
 pub mod files;

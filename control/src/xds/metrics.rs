@@ -24,8 +24,8 @@ use std::time::SystemTime;
 use serde::Serialize;
 use skewgate_core::config::FilterFeature;
 
-use super::dialect::{Advertised, Negotiated};
 use super::snapshot::FilterDelivery;
+use crate::envoy::dialect::{Advertised, Negotiated};
 use crate::metrics::{unix_seconds, Families};
 
 /// The longest node id shown (Envoy's node id is the bootstrap's, but it comes over a socket).

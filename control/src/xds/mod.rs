@@ -19,7 +19,6 @@
 //! configuration that no longer names them was accepted).
 
 pub mod delta;
-pub mod dialect;
 pub mod files;
 pub mod metrics;
 pub mod server;

@@ -11,7 +11,7 @@
 //!
 //! Each stream serves its Envoy's view of the snapshot ([`Snapshot::for_filter`]): the filter
 //! configuration in the dialect that Envoy's filter reads, learnt from the node of the
-//! stream's first request ([`super::dialect::negotiate`]); withheld, and said so once in the
+//! stream's first request ([`crate::envoy::dialect::negotiate`]); withheld, and said so once in the
 //! log, in the metrics, on `/readyz` and `/debug/skew`, when it cannot be written in it.
 
 use std::future::Future;
@@ -33,10 +33,10 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::delta::{DeltaStream, Received};
-use super::dialect::{self, Advertised, Negotiated};
 use super::metrics::XdsMetrics;
 use super::snapshot::{FilterDelivery, Snapshot};
 use super::{XdsError, CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
+use crate::envoy::dialect::{self, Advertised, Negotiated};
 use crate::envoy::fallback::{write_acknowledged, AcknowledgedConfig};
 
 /// The snapshots the server serves: `None` until the first complete sync.

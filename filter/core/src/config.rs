@@ -27,6 +27,9 @@ use std::ops::RangeInclusive;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::group_version::valid_segment;
+pub use crate::openapi::OpenApiPeerEntry;
+
 /// The schema version this release writes (the control plane renders its configurations in
 /// it) and the newest one its filter reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -316,17 +319,6 @@ pub struct ResourceRoute {
     /// a request for it reaches one of them while the local apiserver cannot be reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover_cluster: Option<String>,
-}
-
-/// One peer's `/openapi/v3` entry for a group-version the local apiserver does not serve.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OpenApiPeerEntry {
-    /// As the peer lists it: `/openapi/v3/<path>?hash=<hash of its document>`
-    /// ([`crate::openapi::validate_entry`]).
-    pub server_relative_url: String,
-    /// A key of [`FilterConfig::peer_clusters`]: the peers that list exactly this URL.
-    pub peer_cluster: String,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -803,16 +795,6 @@ impl DiscoveryConfig {
 
 fn valid_cluster_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= MAX_CLUSTER_NAME && name.bytes().all(|b| b.is_ascii_graphic())
-}
-
-/// A path segment discovery could name: non-empty, at most 253 bytes, no `/`, no whitespace or
-/// control characters. The control plane checks discovery documents with this same rule, so
-/// whatever it puts into a configuration passes validation here.
-pub fn valid_segment(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && !s.contains('/')
-        && s.chars().all(|c| !c.is_whitespace() && !c.is_control())
 }
 
 #[cfg(test)]

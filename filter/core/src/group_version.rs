@@ -78,6 +78,16 @@ impl fmt::Display for GroupVersion {
     }
 }
 
+/// A path segment discovery could name: non-empty, at most 253 bytes, no `/`, no whitespace or
+/// control characters. The control plane checks discovery documents with this same rule, so
+/// whatever it puts into a configuration passes the filter's validation.
+pub fn valid_segment(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && !s.contains('/')
+        && s.chars().all(|c| !c.is_whitespace() && !c.is_control())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

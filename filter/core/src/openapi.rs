@@ -16,11 +16,22 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::config::{valid_segment, OpenApiPeerEntry};
-use crate::group_version::GroupVersion;
+use crate::group_version::{valid_segment, GroupVersion};
+
+/// One peer's `/openapi/v3` entry for a group-version the local apiserver does not serve: a
+/// value of the filter configuration's `openapi_v3` (`crate::config::FilterConfig`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenApiPeerEntry {
+    /// As the peer lists it: `/openapi/v3/<path>?hash=<hash of its document>`
+    /// ([`validate_entry`]).
+    pub server_relative_url: String,
+    /// A key of the configuration's `peer_clusters`: the peers that list exactly this URL.
+    pub peer_cluster: String,
+}
 
 /// The root document's path.
 pub const ROOT_PATH: &str = "/openapi/v3";
