@@ -29,6 +29,7 @@ mod etcd;
 mod http;
 mod kubeconfig;
 mod kubectl;
+pub mod live;
 mod net;
 mod paths;
 mod pki;
