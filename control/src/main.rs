@@ -39,8 +39,8 @@ enum Command {
     /// Write an Envoy configuration with a fixed routing table from saved discovery documents.
     RenderStatic(RenderStatic),
     /// Drain Envoy, then stop it: /readyz fails and clients are told to reconnect, the ports
-    /// close after --drain-seconds, Envoy exits --finish-seconds later. What Envoy's entrypoint
-    /// runs on SIGTERM.
+    /// close after --drain-seconds, Envoy exits once no client request is in flight (at most
+    /// --finish-seconds later). What Envoy's entrypoint runs on SIGTERM.
     DrainEnvoy(DrainArgs),
 }
 

@@ -88,8 +88,9 @@ pub struct DrainArgs {
     /// 503, so the load balancer takes the node out.
     #[arg(long, value_name = "SECONDS", env = "SKEWGATE_DRAIN_SECONDS", default_value_t = DEFAULT_DRAIN_SECONDS)]
     pub drain_seconds: u64,
-    /// Then, the ports closed, how long requests in flight get to finish before Envoy exits;
-    /// watches and other long-running requests end then (clients watch again elsewhere).
+    /// Then, the ports closed, how long requests in flight get to finish at most: Envoy exits
+    /// as soon as none is left, or when this runs out; watches and other long-running requests
+    /// end then (clients watch again elsewhere).
     #[arg(long, value_name = "SECONDS", env = "SKEWGATE_FINISH_SECONDS", default_value_t = DEFAULT_FINISH_SECONDS)]
     pub finish_seconds: u64,
 }
