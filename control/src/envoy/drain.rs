@@ -232,17 +232,16 @@ async fn requests_in_flight(admin: &LocalChannel) -> Option<u64> {
     parse_requests_in_flight(&body)
 }
 
-/// `/stats` in its text form, filtered to the one gauge.
+/// The gauge: the client listener's connection manager (its `stat_prefix` is
+/// [`crate::envoy::bootstrap::LISTENER_NAME`]).
+const REQUESTS_IN_FLIGHT: &str = "http.apiserver.downstream_rq_active";
+/// `/stats` in its text form, filtered to [`REQUESTS_IN_FLIGHT`] alone.
 const REQUESTS_IN_FLIGHT_STAT: &str =
     "/stats?filter=%5Ehttp%5C.apiserver%5C.downstream_rq_active%24";
 
 fn parse_requests_in_flight(body: &str) -> Option<u64> {
-    let name = format!(
-        "http.{}.downstream_rq_active:",
-        crate::envoy::bootstrap::LISTENER_NAME
-    );
     body.lines()
-        .find_map(|line| line.strip_prefix(name.as_str()))
+        .find_map(|line| line.strip_prefix(REQUESTS_IN_FLIGHT)?.strip_prefix(':'))
         .and_then(|value| value.trim().parse().ok())
 }
 
@@ -385,6 +384,20 @@ mod tests {
             .expect_err("refused");
         assert!(err.to_string().starts_with("failing /readyz"), "{err}");
         assert_eq!(seen.lock().expect("seen").len(), 1);
+    }
+
+    /// The gauge's name and the query both follow the listener's stat prefix.
+    #[test]
+    fn the_gauge_is_the_client_listeners() {
+        let gauge = format!(
+            "http.{}.downstream_rq_active",
+            crate::envoy::bootstrap::LISTENER_NAME
+        );
+        assert_eq!(REQUESTS_IN_FLIGHT, gauge);
+        assert_eq!(
+            REQUESTS_IN_FLIGHT_STAT,
+            format!("/stats?filter=%5E{}%24", gauge.replace('.', "%5C."))
+        );
     }
 
     #[test]
