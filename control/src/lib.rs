@@ -10,6 +10,7 @@ pub mod local_channels;
 pub mod metrics;
 pub mod peers;
 pub mod plan;
+pub mod retained;
 pub mod routing;
 pub mod run;
 pub mod shared_storage;

@@ -21,6 +21,8 @@ use crate::discovery::openapi::{self, PeerRoot};
 use crate::discovery::payload;
 use crate::discovery::ServedApis;
 use crate::envoy::{Address, EnvoyError};
+use crate::retained;
+pub use crate::retained::RetainedView;
 use crate::routing::{self, Peer, PeerCluster, RoutingPlan};
 use crate::xds::{Snapshot, SnapshotInputs};
 
@@ -34,20 +36,12 @@ pub struct ApiserverView<'a> {
     pub documents: Option<&'a DiscoveryDocuments>,
 }
 
-/// A peer apiserver that is gone (or not re-read yet) within the API retention: its last good
-/// discovery.
-#[derive(Debug, Clone, Copy)]
-pub struct RetainedView<'a> {
-    pub id: &'a str,
-    pub documents: &'a DiscoveryDocuments,
-}
-
 #[derive(Debug, Clone, Copy)]
 pub struct PlanInputs<'a> {
     pub local: ApiserverView<'a>,
     /// The live peers.
     pub peers: &'a [ApiserverView<'a>],
-    /// Peers whose APIs are retained (`crate::run::retention`); empty in the static mode.
+    /// Peers whose APIs are retained ([`crate::retained`]); empty in the static mode.
     pub retained: &'a [RetainedView<'a>],
     pub shared_storage: &'a BTreeSet<GroupVersion>,
     /// Whether `local.documents` is what the local apiserver serves now
@@ -91,7 +85,8 @@ pub struct Plan {
     pub merged: MergedOutcome,
     /// What each apiserver with a view serves: the local one first, then peers by id.
     pub served: Vec<(String, ServedApis)>,
-    /// What no live apiserver serves but retained ones did, by retained apiserver.
+    /// What no live apiserver serves but departed ones did, by departed apiserver (a returning
+    /// one is routed, and pending).
     pub retained: Vec<(String, ServedApis)>,
     /// Live peers whose discovery is not known: requests nobody known serves get 503.
     pub pending: Vec<String>,
@@ -160,52 +155,42 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
             }),
         }
     }
-    // Retention: what retained apiservers served that no live one does. A group-version no live
-    // apiserver serves at all is marked Stale in merged discovery and its legacy document
-    // answers 503; a resource missing from a group-version that is live stays listed.
+    // Retention (`crate::retained`): what departed apiservers served that no live one does
+    // answers 503 and stays listed; what a returning one alone served goes to it.
     let mut live = ServedApis::new();
     for (_, s) in &served {
         live.merge(s.clone());
     }
-    let mut retained_keys = ServedApis::new();
-    let mut retained = Vec::new();
-    let mut retained_docs = Vec::new();
-    let mut stale: BTreeSet<GroupVersion> = BTreeSet::new();
-    for r in inputs.retained {
-        if r.id == inputs.local.id || served.iter().any(|(id, _)| id == r.id) {
-            continue;
-        }
-        let Ok(their) = r.documents.served() else {
+    let live_ids: BTreeSet<&str> = served.iter().map(|(id, _)| id.as_str()).collect();
+    let unknown: BTreeSet<&str> = inputs
+        .peers
+        .iter()
+        .map(|p| p.id)
+        .filter(|id| *id != inputs.local.id && !live_ids.contains(id))
+        .collect();
+    let kept = retained::retained(&live, &live_ids, &unknown, inputs.retained);
+    let mut returning = BTreeSet::new();
+    for (id, alone) in &kept.returning {
+        let Some(view) = inputs.peers.iter().find(|p| p.id == id) else {
             continue;
         };
-        let missing = their.difference(&live);
-        if missing.is_empty() {
-            continue;
-        }
-        for (group, version) in missing.group_versions() {
-            if !live.serves_group_version(group, version) {
-                stale.insert(GroupVersion::new(group, version));
-            }
-        }
-        retained_docs.push((
-            r.id.to_string(),
-            r.documents.restricted_to(&missing, &stale),
-        ));
-        retained_keys.merge(missing.clone());
-        retained.push((r.id.to_string(), missing));
+        routing_peers.push(Peer {
+            id: id.clone(),
+            served: alone.clone(),
+        });
+        addresses.push((id.clone(), view.address.clone()));
+        returning.insert(id.as_str());
     }
-    servers.extend(retained_docs.iter().map(|(id, d)| (id.clone(), d)));
-    let pending: Vec<String> = unrouted
-        .iter()
-        .filter(|u| u.id != inputs.local.id)
-        .map(|u| u.id.clone())
-        .collect();
+    servers.extend(kept.documents.iter().map(|(id, d)| (id.clone(), d)));
+    // A returning apiserver is routed (what it alone served) and pending (its discovery).
+    unrouted.retain(|u| !returning.contains(u.id.as_str()));
+    let pending: Vec<String> = unknown.iter().map(|id| id.to_string()).collect();
 
     let mut routing = routing::build(
         &local_served,
         inputs.local.id,
         &routing_peers,
-        &retained_keys,
+        &kept.keys,
         inputs.shared_storage,
         inputs.local_freshness,
     );
@@ -218,7 +203,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
     );
     let merged = match payload::discovery_config(inputs.local.id, &servers) {
         Ok(mut discovery) => {
-            discovery.unavailable = stale.iter().map(GroupVersion::api_path).collect();
+            discovery.unavailable = kept.stale.iter().map(GroupVersion::api_path).collect();
             payload::set_content_version(&mut discovery);
             let bytes = discovery.apis.get().len()
                 + discovery.api.get().len()
@@ -259,7 +244,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         unrouted,
         merged,
         served,
-        retained,
+        retained: kept.departed,
         pending,
     })
 }
@@ -450,6 +435,45 @@ mod tests {
         assert!(!merged(&p)
             .iter()
             .any(|(g, v, _)| g == "resource.k8s.io" && v == "v1beta2"));
+    }
+
+    #[test]
+    fn a_retained_peer_live_again_gets_what_it_alone_served_before_its_discovery_is_read() {
+        let b_docs = documents("k8s-1.33");
+        let gone = [RetainedView {
+            id: "apiserver-b",
+            documents: &b_docs,
+        }];
+        let b_addr = addr("10.0.0.2:6443");
+        let back = [ApiserverView {
+            id: "apiserver-b",
+            address: &b_addr,
+            documents: None,
+        }];
+        let p = plan_with(&back, &gone);
+        let claims = route(&p, "resource.k8s.io", "v1beta2", "resourceclaims").expect("listed");
+        assert!(!claims.retained && !claims.local, "{claims:?}");
+        let cluster = claims.peer_cluster.as_deref().expect("routed to a peer");
+        assert_eq!(p.routing.config.peer_clusters[cluster], ["apiserver-b"]);
+        // What the local apiserver serves stays local.
+        assert!(
+            route(&p, "apps", "v1", "deployments")
+                .expect("listed")
+                .local
+        );
+        // Its cluster has its address (from its Lease).
+        assert!(p.snapshot.clusters.keys().any(|k| k.starts_with(cluster)));
+        // Its discovery is still to be read: pending, routed, not unrouted, nothing departed;
+        // merged discovery as for a departed apiserver until then.
+        assert_eq!(p.pending, ["apiserver-b"]);
+        assert_eq!(p.routed, ["apiserver-b"]);
+        assert!(p.unrouted.is_empty() && p.retained.is_empty());
+        assert!(merged(&p).contains(&(
+            "resource.k8s.io".into(),
+            "v1beta2".into(),
+            Some("Stale".into())
+        )));
+        p.routing.config.validate().expect("valid");
     }
 
     #[test]

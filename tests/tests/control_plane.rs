@@ -575,6 +575,72 @@ fn freshness_of(apis: &str, group: &str, version: &str) -> Option<Option<String>
         .map(|v| v["freshness"].as_str().map(str::to_string))
 }
 
+/// The only apiserver serving resource.k8s.io/v1beta2 dies past the lease grace (its API
+/// retained: 503) and comes back serving its resources but not yet its discovery: the moment of a
+/// rolling upgrade between its new Lease and the control plane's next read of its discovery. Its
+/// resources go to it at once, not to a 503; discovery keeps them Stale until it is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retained_peer_back_serves_what_it_alone_served_before_its_discovery_is_read(
+) -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let mut b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
+    let mut control = Control::new(&a, dir.path(), &["--api-retention=300s"])?;
+    let envoy = start_routed_to_b(&mut control).await?;
+    let b_lease = b.lease_name();
+
+    b.stop().await?;
+    eventually(
+        "b's API is retained",
+        GRACE + Duration::from_secs(15),
+        || async {
+            let skew = control.skew().await?;
+            Ok((skew["retained"][0]["id"] == b_lease.as_str()).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| control.log())?;
+    assert_eq!(get(&envoy, CLAIMS).await?.0, 503, "retained: 503");
+
+    // Back at the same address, its discovery answering 503 for longer than this test runs.
+    let mut opts = b.options().context("b's options")?.clone();
+    opts.extra_args
+        .push("--discovery-unavailable-for=120s".to_string());
+    b = SimApiserver::start_with(opts).await?;
+    let took = routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (200, "apiserver-b"),
+        Duration::from_secs(20),
+    )
+    .await?;
+    eprintln!("b back, its discovery unreadable: its own resource routed to it after {took:?}");
+    let skew = control.skew().await?;
+    assert!(
+        skew["pending_peers"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|id| id == b_lease.as_str())),
+        "its discovery is still to be read: {skew}"
+    );
+    assert!(
+        skew["retained"].as_array().is_none_or(Vec::is_empty),
+        "nothing answered 503 as retained: {skew}"
+    );
+    let (_, body) = apis(&envoy).await?;
+    assert_eq!(
+        freshness_of(&body, "resource.k8s.io", "v1beta2"),
+        Some(Some("Stale".to_string())),
+        "listed, Stale until its discovery is read"
+    );
+    // What the local apiserver serves stays local; what nobody serves is still its 404.
+    assert_eq!(get(&envoy, DEPLOYMENTS).await?, (200, "apiserver-a".into()));
+    drop(b);
+    Ok(())
+}
+
 /// The only apiserver serving resource.k8s.io/v1beta2 crashes: its API is retained (Stale in
 /// merged discovery, 503 with Retry-After, never the local 404), across a restart of the control
 /// plane (state directory), until it comes back; then it crashes for good and the retention

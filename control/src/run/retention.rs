@@ -4,8 +4,9 @@
 //! When a peer stops being live (its Lease expired or was deleted), its last good discovery is
 //! kept for `--api-retention` (15 minutes by default). During that window every group, version
 //! and resource it served that no live apiserver serves stays in merged discovery (a group-version
-//! nobody live serves is marked `freshness: Stale`) and requests for it are answered 503 (see
-//! [`crate::plan`]). A retained server stops counting:
+//! nobody live serves is marked `freshness: Stale`) and requests for it are answered 503, or go
+//! to it when its Lease is live again before its discovery is read (what is retained, and how it
+//! is routed: [`crate::retained`]). A retained server stops counting:
 //!
 //! - when it is live again with fresh discovery ([`Retention::seen`]): then its new view is the
 //!   truth, and whatever it no longer lists is gone at once (an upgrade that removed an API must

@@ -49,7 +49,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
@@ -126,6 +126,10 @@ struct Args {
     /// lists the true hashes; the caching headers stay kube's): a peer that lies.
     #[arg(long)]
     openapi_wrong_documents: bool,
+    /// For this long after start, answer `/api` and `/apis` with 503 while serving everything
+    /// else: an apiserver back whose discovery cannot be read yet.
+    #[arg(long, value_parser = parse_duration)]
+    discovery_unavailable_for: Option<Duration>,
     #[command(flatten)]
     secure: SecureArgs,
 }
@@ -323,6 +327,7 @@ async fn main() -> anyhow::Result<()> {
     );
     state.auth = authn;
     state.reset_requests_with = args.reset_requests_with.clone().filter(|m| !m.is_empty());
+    state.discovery_unavailable_until = args.discovery_unavailable_for.map(|d| Instant::now() + d);
     state.http2_dos_mitigation = args
         .secure
         .feature_gate("UnauthenticatedHTTP2DOSMitigation")?

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::to_bytes;
 use axum::extract::{Query, Request, State};
@@ -58,6 +58,8 @@ pub struct AppState {
     /// its connection is dropped (what a client sees of an apiserver refusing a malformed
     /// request by resetting it).
     pub reset_requests_with: Option<String>,
+    /// `--discovery-unavailable-for`: until then, `/api` and `/apis` answer 503.
+    pub discovery_unavailable_until: Option<Instant>,
 }
 
 impl AppState {
@@ -91,6 +93,7 @@ impl AppState {
             },
             http2_dos_mitigation: false,
             reset_requests_with: None,
+            discovery_unavailable_until: None,
         }
     }
 }
@@ -115,6 +118,18 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
                 std::future::pending::<()>().await;
             }
         }
+    }
+    if state
+        .discovery_unavailable_until
+        .is_some_and(|until| Instant::now() < until)
+        && matches!(uri.path(), "/api" | "/apis")
+    {
+        return status::respond(status::failure(
+            503,
+            "ServiceUnavailable",
+            "discovery is not ready yet (--discovery-unavailable-for)",
+            None,
+        ));
     }
     if let Some(delay) = headers
         .get(DELAY_HEADER)

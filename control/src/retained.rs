@@ -1,0 +1,204 @@
+//! What is retained: of the APIs that departed apiservers served (their last good discovery,
+//! kept by `crate::run::retention` for `--api-retention`), the ones no live apiserver serves.
+//! Pure: the live control plane and the tests hand it views, it returns what [`crate::plan`]
+//! routes, lists and marks.
+//!
+//! - A key only a departed apiserver served is **retained**: the filter answers 503, never the
+//!   local `404` a controller would act on.
+//! - A group-version no live apiserver serves at all is **stale**: `freshness: Stale` in merged
+//!   discovery, and its legacy resource list answers 503. A resource missing from a group-version
+//!   that is live stays listed (from the departed apiserver's own document).
+//! - An apiserver whose identity Lease is **live again** but whose discovery has not been read
+//!   again yet (the second between its return and its next fetch) is **returning**: what it alone
+//!   served before goes to it, not to a 503. It is the only apiserver that may serve it, and if
+//!   it no longer does, the filter's 404 safety net and Envoy's connect failure still answer 503.
+//!   Discovery stays as for a departed apiserver (stale) until its documents are read.
+
+use std::collections::BTreeSet;
+
+use skewgate_core::group_version::GroupVersion;
+
+use crate::discovery::documents::DiscoveryDocuments;
+use crate::discovery::ServedApis;
+
+/// A peer apiserver that is gone (or not re-read yet) within the API retention: its last good
+/// discovery.
+#[derive(Debug, Clone, Copy)]
+pub struct RetainedView<'a> {
+    pub id: &'a str,
+    pub documents: &'a DiscoveryDocuments,
+}
+
+/// What the retained apiservers add to what the live ones serve.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetainedApis {
+    /// Keys only departed apiservers served: answered 503.
+    pub keys: ServedApis,
+    /// Group-versions no live apiserver serves: `Stale`, their legacy documents 503.
+    pub stale: BTreeSet<GroupVersion>,
+    /// Each retained apiserver's documents restricted to what it alone contributes, for merged
+    /// discovery, by id.
+    pub documents: Vec<(String, DiscoveryDocuments)>,
+    /// What each departed apiserver alone served, by id (status page, metrics).
+    pub departed: Vec<(String, ServedApis)>,
+    /// What each returning apiserver alone served before, by id: routed to it.
+    pub returning: Vec<(String, ServedApis)>,
+}
+
+/// `live`: what the apiservers with known discovery serve (local and peers). `live_ids`: their
+/// ids. `returning`: ids of live peers whose discovery is not known (now). `retained`: the
+/// retention's views; those whose id is in `live_ids` count for nothing (their fresh discovery is
+/// the truth), those whose documents do not parse likewise.
+///
+/// Returning apiservers are taken first, so that a key a returning and a departed apiserver both
+/// served goes to the returning one.
+pub fn retained(
+    live: &ServedApis,
+    live_ids: &BTreeSet<&str>,
+    returning: &BTreeSet<&str>,
+    retained: &[RetainedView<'_>],
+) -> RetainedApis {
+    let mut out = RetainedApis::default();
+    let mut covered = live.clone();
+    let (back, gone): (Vec<&RetainedView<'_>>, Vec<&RetainedView<'_>>) = retained
+        .iter()
+        .filter(|r| !live_ids.contains(r.id))
+        .partition(|r| returning.contains(r.id));
+    let in_order = back
+        .iter()
+        .map(|r| (*r, true))
+        .chain(gone.iter().map(|r| (*r, false)));
+    for (r, is_returning) in in_order {
+        let Ok(their) = r.documents.served() else {
+            continue;
+        };
+        let missing = their.difference(&covered);
+        if missing.is_empty() {
+            continue;
+        }
+        for (group, version) in missing.group_versions() {
+            if !live.serves_group_version(group, version) {
+                out.stale.insert(GroupVersion::new(group, version));
+            }
+        }
+        out.documents.push((
+            r.id.to_string(),
+            r.documents.restricted_to(&missing, &out.stale),
+        ));
+        covered.merge(missing.clone());
+        if is_returning {
+            out.returning.push((r.id.to_string(), missing));
+        } else {
+            out.keys.merge(missing.clone());
+            out.departed.push((r.id.to_string(), missing));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_fixtures::documents;
+
+    fn ids<'a>(v: &[&'a str]) -> BTreeSet<&'a str> {
+        v.iter().copied().collect()
+    }
+
+    /// The local apiserver on 1.30; the retained one on 1.33.
+    fn live_130() -> ServedApis {
+        documents("k8s-1.30").served().expect("served")
+    }
+
+    #[test]
+    fn a_departed_apiserver_keeps_only_what_no_live_one_serves() {
+        let b = documents("k8s-1.33");
+        let views = [RetainedView {
+            id: "b",
+            documents: &b,
+        }];
+        let r = retained(&live_130(), &ids(&["a"]), &ids(&[]), &views);
+        assert!(r
+            .keys
+            .serves("resource.k8s.io", "v1beta2", "resourceclaims"));
+        assert!(r.keys.serves("", "v1", "pods/resize"));
+        assert!(
+            !r.keys.serves("", "v1", "pods"),
+            "the live apiserver serves pods"
+        );
+        assert!(r
+            .stale
+            .contains(&GroupVersion::new("resource.k8s.io", "v1beta2")));
+        assert!(
+            !r.stale.contains(&GroupVersion::new("", "v1")),
+            "a live group-version is never stale"
+        );
+        assert_eq!(r.departed.len(), 1);
+        assert_eq!(r.departed[0].1, r.keys);
+        assert!(r.returning.is_empty());
+        assert_eq!(r.documents.len(), 1);
+    }
+
+    #[test]
+    fn a_returning_apiserver_gets_what_it_alone_served_instead_of_a_503() {
+        let b = documents("k8s-1.33");
+        let views = [RetainedView {
+            id: "b",
+            documents: &b,
+        }];
+        let r = retained(&live_130(), &ids(&["a"]), &ids(&["b"]), &views);
+        assert!(r.keys.is_empty(), "nothing answered 503");
+        assert!(r.departed.is_empty());
+        assert_eq!(r.returning.len(), 1);
+        assert!(r.returning[0]
+            .1
+            .serves("resource.k8s.io", "v1beta2", "resourceclaims"));
+        // Its discovery is not confirmed: listed, but stale, until it is read again.
+        assert!(r
+            .stale
+            .contains(&GroupVersion::new("resource.k8s.io", "v1beta2")));
+    }
+
+    #[test]
+    fn a_key_both_a_returning_and_a_departed_apiserver_served_goes_to_the_returning_one() {
+        let b = documents("k8s-1.33");
+        let c = documents("k8s-1.33");
+        // Sorted so that the departed one comes first.
+        let views = [
+            RetainedView {
+                id: "a-departed",
+                documents: &c,
+            },
+            RetainedView {
+                id: "b-returning",
+                documents: &b,
+            },
+        ];
+        let r = retained(&live_130(), &ids(&["a"]), &ids(&["b-returning"]), &views);
+        assert!(r.keys.is_empty() && r.departed.is_empty());
+        assert_eq!(r.returning.len(), 1);
+        assert_eq!(r.returning[0].0, "b-returning");
+    }
+
+    #[test]
+    fn an_apiserver_live_with_known_discovery_is_not_retained_at_all() {
+        let b = documents("k8s-1.33");
+        let views = [RetainedView {
+            id: "b",
+            documents: &b,
+        }];
+        let r = retained(&live_130(), &ids(&["a", "b"]), &ids(&[]), &views);
+        assert_eq!(r, RetainedApis::default());
+    }
+
+    #[test]
+    fn nothing_missing_nothing_retained() {
+        let a = documents("k8s-1.30");
+        let views = [RetainedView {
+            id: "b",
+            documents: &a,
+        }];
+        let r = retained(&live_130(), &ids(&["a"]), &ids(&["b"]), &views);
+        assert_eq!(r, RetainedApis::default());
+    }
+}
