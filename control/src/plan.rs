@@ -9,7 +9,7 @@
 //! change), the static renderer (`skewgate-control render-static`) and the integration tests'
 //! Envoy harness, so what the tests exercise is what production runs. Pure: no I/O, no clock.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::Serialize;
@@ -23,7 +23,7 @@ use crate::discovery::ServedApis;
 use crate::envoy::{Address, EnvoyError};
 use crate::retained;
 pub use crate::retained::RetainedView;
-use crate::routing::{self, Peer, PeerCluster, RoutingPlan};
+use crate::routing::{self, ConfigExtras, Peer, RoutingPlan, RoutingTable};
 use crate::xds::{Snapshot, SnapshotInputs};
 
 /// One apiserver as composition sees it.
@@ -186,7 +186,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
     unrouted.retain(|u| !returning.contains(u.id.as_str()));
     let pending: Vec<String> = unknown.iter().map(|id| id.to_string()).collect();
 
-    let mut routing = routing::build(
+    let mut table = routing::build(
         &local_served,
         inputs.local.id,
         &routing_peers,
@@ -194,14 +194,13 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         inputs.shared_storage,
         inputs.local_freshness,
     );
-    routing.config.pending_peers = pending.clone();
-    add_openapi_entries(
-        &mut routing,
+    let openapi_v3 = openapi_entries(
+        &mut table,
         &local_served,
         inputs.shared_storage,
         &openapi_roots,
     );
-    let merged = match payload::discovery_config(inputs.local.id, &servers) {
+    let (discovery, merged) = match payload::discovery_config(inputs.local.id, &servers) {
         Ok(mut discovery) => {
             discovery.unavailable = kept.stale.iter().map(GroupVersion::api_path).collect();
             payload::set_content_version(&mut discovery);
@@ -212,13 +211,23 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
                     .values()
                     .map(|d| d.get().len())
                     .sum::<usize>();
-            routing.config.discovery = Some(discovery);
-            MergedOutcome::Included { bytes }
+            (Some(discovery), MergedOutcome::Included { bytes })
         }
-        Err(e) => MergedOutcome::Skipped {
-            reason: e.to_string(),
-        },
+        Err(e) => (
+            None,
+            MergedOutcome::Skipped {
+                reason: e.to_string(),
+            },
+        ),
     };
+    let mut routing = RoutingPlan::assemble(
+        table,
+        ConfigExtras {
+            pending_peers: pending.clone(),
+            openapi_v3,
+            discovery,
+        },
+    );
     let mut routed: BTreeSet<String> = BTreeSet::new();
     for c in &routing.clusters {
         routed.extend(c.peer_ids.iter().cloned());
@@ -282,13 +291,14 @@ fn fit(
 }
 
 /// The OpenAPI v3 entries of peer-only group-versions (docs/ARCHITECTURE.md "OpenAPI v3"),
-/// each with the cluster of exactly the peers that list it (created if no resource needs it).
-fn add_openapi_entries(
-    routing: &mut RoutingPlan,
+/// each with the cluster of exactly the peers that list it (declared in `table` if no resource
+/// needs it).
+fn openapi_entries(
+    table: &mut RoutingTable,
     local: &ServedApis,
     shared_storage: &BTreeSet<GroupVersion>,
     roots: &[(&str, ServedApis, Option<&openapi::OpenApiRoot>)],
-) {
+) -> BTreeMap<String, OpenApiPeerEntry> {
     let peers: Vec<PeerRoot<'_>> = roots
         .iter()
         .map(|(id, served, root)| PeerRoot {
@@ -297,27 +307,19 @@ fn add_openapi_entries(
             root: *root,
         })
         .collect();
-    for (path, entry) in openapi::peer_entries(local, shared_storage, &peers) {
-        let name = routing::peer_cluster_name(&entry.peer_ids);
-        if !routing.config.peer_clusters.contains_key(&name) {
-            routing
-                .config
-                .peer_clusters
-                .insert(name.clone(), entry.peer_ids.clone());
-            routing.clusters.push(PeerCluster {
-                name: name.clone(),
-                peer_ids: entry.peer_ids,
-            });
-        }
-        routing.config.openapi_v3.insert(
-            path,
-            OpenApiPeerEntry {
-                server_relative_url: entry.server_relative_url,
-                peer_cluster: name,
-            },
-        );
-    }
-    routing.clusters.sort_by(|a, b| a.name.cmp(&b.name));
+    openapi::peer_entries(local, shared_storage, &peers)
+        .into_iter()
+        .map(|(path, entry)| {
+            let peer_cluster = table.peer_cluster(entry.peer_ids);
+            (
+                path,
+                OpenApiPeerEntry {
+                    server_relative_url: entry.server_relative_url,
+                    peer_cluster,
+                },
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -10,7 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest, Sha256};
-use skewgate_core::config::{FilterConfig, GroupVersionRoutes, ResourceRoute, SCHEMA_VERSION};
+use skewgate_core::config::{
+    DiscoveryConfig, FilterConfig, GroupVersionRoutes, OpenApiPeerEntry, ResourceRoute,
+    SCHEMA_VERSION,
+};
 use skewgate_core::group_version::GroupVersion;
 
 use crate::discovery::ServedApis;
@@ -39,6 +42,42 @@ pub struct PeerCluster {
     pub peer_ids: Vec<String>,
 }
 
+/// Where each resource key goes: what [`build`] decides. The filter configuration carrying it
+/// is assembled from this table and the rest of the plan in one place, [`RoutingPlan::assemble`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingTable {
+    pub local_apiserver: String,
+    /// Sorted by (group, version), resources by key.
+    pub group_versions: Vec<GroupVersionRoutes>,
+    /// Every peer set the table routes to, by cluster name ([`peer_cluster_name`]).
+    pub peer_clusters: BTreeMap<String, Vec<String>>,
+    /// Every failover set, by cluster name ([`failover_cluster_name`]).
+    pub failover_clusters: BTreeMap<String, Vec<String>>,
+    /// The failover set of every live peer, if any.
+    pub failover_all: Option<String>,
+}
+
+impl RoutingTable {
+    /// The cluster of exactly `peer_ids` (sorted, distinct), declared if it is not yet: for
+    /// what is routed besides resources (OpenAPI v3 documents).
+    pub fn peer_cluster(&mut self, peer_ids: Vec<String>) -> String {
+        let name = peer_cluster_name(&peer_ids);
+        self.peer_clusters.entry(name.clone()).or_insert(peer_ids);
+        name
+    }
+}
+
+/// What the filter configuration holds besides the routing table.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigExtras {
+    /// Live peers whose discovery is not known.
+    pub pending_peers: Vec<String>,
+    /// OpenAPI v3 entries of peer-only group-versions, each naming a cluster of the table.
+    pub openapi_v3: BTreeMap<String, OpenApiPeerEntry>,
+    /// Merged discovery, when it was built.
+    pub discovery: Option<DiscoveryConfig>,
+}
+
 /// The filter configuration and the Envoy clusters it refers to (sorted by name; exactly the
 /// keys of `config.peer_clusters`), and the failover sets (sorted by name; exactly the keys of
 /// `config.failover_clusters`): each needs the peer cluster of its peers
@@ -48,6 +87,44 @@ pub struct RoutingPlan {
     pub config: FilterConfig,
     pub clusters: Vec<PeerCluster>,
     pub failover: Vec<PeerCluster>,
+}
+
+impl RoutingPlan {
+    /// The one place the filter configuration is put together.
+    pub fn assemble(table: RoutingTable, extras: ConfigExtras) -> RoutingPlan {
+        let as_clusters = |sets: &BTreeMap<String, Vec<String>>| {
+            sets.iter()
+                .map(|(name, ids)| PeerCluster {
+                    name: name.clone(),
+                    peer_ids: ids.clone(),
+                })
+                .collect()
+        };
+        let clusters = as_clusters(&table.peer_clusters);
+        let failover = as_clusters(&table.failover_clusters);
+        RoutingPlan {
+            config: FilterConfig {
+                schema: SCHEMA_VERSION,
+                local_apiserver: table.local_apiserver,
+                peer_clusters: table.peer_clusters,
+                group_versions: table.group_versions,
+                discovery: extras.discovery,
+                pending_peers: extras.pending_peers,
+                openapi_v3: extras.openapi_v3,
+                failover_clusters: table.failover_clusters,
+                failover_all: table.failover_all,
+                // Only the bootstrap's copy has one (`crate::envoy::fallback`).
+                fallback: None,
+            },
+            clusters,
+            failover,
+        }
+    }
+
+    /// The table alone, as the filter configuration carries it (tests).
+    pub fn of_table(table: RoutingTable) -> RoutingPlan {
+        Self::assemble(table, ConfigExtras::default())
+    }
 }
 
 /// The cluster name for a set of peers: `skewgate-peers-` and the first 12 hex characters of the
@@ -108,7 +185,7 @@ struct Servers<'a> {
     retained: bool,
 }
 
-/// Compute the routing plan.
+/// Compute the routing table.
 ///
 /// - `local`, `local_id`: the apiserver this Envoy fronts.
 /// - `peers`: the live peers only. A peer whose id equals `local_id` is ignored (we never route
@@ -130,7 +207,7 @@ pub fn build(
     retained: &ServedApis,
     shared_storage: &BTreeSet<GroupVersion>,
     local_freshness: LocalFreshness,
-) -> RoutingPlan {
+) -> RoutingTable {
     // (group, version) -> key -> who serves it.
     let mut table: BTreeMap<(&str, &str), BTreeMap<&str, Servers<'_>>> = BTreeMap::new();
     for (group, version, keys) in local.iter() {
@@ -225,38 +302,37 @@ pub fn build(
         });
     }
 
-    let as_clusters = |sets: &BTreeMap<String, Vec<String>>| {
-        sets.iter()
-            .map(|(name, ids)| PeerCluster {
-                name: name.clone(),
-                peer_ids: ids.clone(),
-            })
-            .collect()
-    };
-    let clusters = as_clusters(&peer_clusters);
-    let failover = as_clusters(&failover_clusters);
-    RoutingPlan {
-        config: FilterConfig {
-            fallback: None,
-            pending_peers: Vec::new(),
-            openapi_v3: Default::default(),
-            failover_clusters,
-            failover_all,
-            schema: SCHEMA_VERSION,
-            local_apiserver: local_id.to_owned(),
-            peer_clusters,
-            group_versions,
-            // Filled by the caller from the merged documents (see `merged`).
-            discovery: None,
-        },
-        clusters,
-        failover,
+    RoutingTable {
+        local_apiserver: local_id.to_owned(),
+        group_versions,
+        peer_clusters,
+        failover_clusters,
+        failover_all,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`super::build`], as the filter configuration carries it.
+    fn build(
+        local: &ServedApis,
+        local_id: &str,
+        peers: &[Peer],
+        retained: &ServedApis,
+        shared_storage: &BTreeSet<GroupVersion>,
+        local_freshness: LocalFreshness,
+    ) -> RoutingPlan {
+        RoutingPlan::of_table(super::build(
+            local,
+            local_id,
+            peers,
+            retained,
+            shared_storage,
+            local_freshness,
+        ))
+    }
 
     use crate::test_fixtures::{K130, K133};
 

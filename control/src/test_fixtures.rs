@@ -75,7 +75,7 @@ pub mod world {
     }
 
     pub fn plan(b: &[(&str, &str, &str)], c: &[(&str, &str, &str)]) -> RoutingPlan {
-        routing::build(
+        routing::RoutingPlan::of_table(routing::build(
             &served(&[("apps", "v1", "deployments")]),
             "a",
             &[
@@ -91,7 +91,7 @@ pub mod world {
             &Default::default(),
             &BTreeSet::new(),
             LocalFreshness::Current,
-        )
+        ))
     }
 }
 

@@ -156,14 +156,14 @@ fn plan(local: &SimApiserver, peers: &[&SimApiserver]) -> Result<RoutingPlan> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(routing::build(
+    Ok(RoutingPlan::of_table(routing::build(
         &local.served()?,
         &local.id,
         &peers,
         &Default::default(),
         &Default::default(),
         routing::LocalFreshness::Current,
-    ))
+    )))
 }
 
 fn snapshot(

@@ -119,7 +119,7 @@ mod tests {
     fn the_files_hold_exactly_the_snapshot() {
         let mut served = ServedApis::new();
         served.add_resource("x.io", "v1", "widgets").expect("valid");
-        let plan = routing::build(
+        let plan = routing::RoutingPlan::of_table(routing::build(
             &ServedApis::new(),
             "a",
             &[Peer {
@@ -129,7 +129,7 @@ mod tests {
             &Default::default(),
             &BTreeSet::new(),
             routing::LocalFreshness::Current,
-        );
+        ));
         let local = Address::parse("127.0.0.1:6443").expect("address");
         let peers = [(
             "b".to_string(),
