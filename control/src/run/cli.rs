@@ -12,14 +12,9 @@ use tracing::{error, info, warn};
 
 use crate::envoy::bootstrap::{Bootstrap, ConfigSource, PeerPassthrough};
 use crate::envoy::fallback::{read_acknowledged, FallbackInputs};
-use crate::envoy::goaway::{self, ConnectionDrain, GoawayChance, GoawayFile, GOAWAY_FILE};
+use crate::envoy::goaway::{self, ConnectionDrain, GoawayFile, GOAWAY_FILE};
 use crate::envoy::secrets::{serving_secrets, upstream_secrets};
-use crate::envoy::UpstreamTls;
 use crate::fetch::{ClientTemplate, DiscoveryMetrics};
-use crate::flags::{
-    absolute, parse_control_plane_wait, parse_local_url, sds_dir, ListenerFlags, LocalChannelFlags,
-    Scheme, UpstreamTlsFlags, DEFAULT_STATE_DIR,
-};
 use crate::health::{self, Health};
 use crate::local_channels::{self, LocalChannel, PrivateDir};
 use crate::peers::{self, PeerMetrics, PeerWatcher};
@@ -27,6 +22,7 @@ use crate::shared_storage::{SharedStorageMetrics, SharedStorageWatcher};
 use crate::xds::{self, XdsMetrics};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 
+pub use super::bootstrap_config::BootstrapArgs;
 use super::config::{LogFormat, LogLevel, RunArgs, RunConfig};
 use super::orchestrator::{restore_state, Orchestrator, Shared};
 use super::status::{AppMetrics, Status};
@@ -334,121 +330,18 @@ async fn run_async(config: RunConfig) -> Result<()> {
     }
 }
 
-/// `skewgate-control bootstrap`: print the Envoy bootstrap of the live mode.
-#[derive(clap::Args, Debug)]
-pub struct BootstrapArgs {
-    #[command(flatten)]
-    pub listener: ListenerFlags,
-    /// Where Envoy's admin interface is and where `skewgate-control run` serves xDS (give
-    /// both the same).
-    #[command(flatten)]
-    pub channels: LocalChannelFlags,
-    /// This Envoy's node id, for the control plane's logs.
-    #[arg(long, default_value = "skewgate")]
-    pub node_id: String,
-    /// Where the apiserver this Envoy fronts listens (as for `run`): for the peer port and the
-    /// fallback's clusters.
-    #[arg(long, value_name = "URL")]
-    pub local_apiserver_url: Option<String>,
-    /// How long Envoy waits at start for the control plane's configuration before it serves
-    /// local-only routing (every request to the local apiserver, as without skewgate) until
-    /// the control plane's first configuration replaces it. 0: wait for as long as it takes,
-    /// the ports closed meanwhile. Needs --wasm, --local-apiserver-url and the upstream TLS
-    /// flags (as for `run`).
-    #[arg(long, default_value = "30s", value_parser = parse_control_plane_wait, value_name = "DURATION")]
-    pub control_plane_wait: Duration,
-    /// skewgate_filter.wasm as Envoy sees it (absolute; `run --wasm`), for the fallback.
-    #[arg(long, value_name = "PATH")]
-    pub wasm: Option<std::path::PathBuf>,
-    #[command(flatten)]
-    pub upstream: UpstreamTlsFlags,
-    /// A directory Envoy can read (absolute; needed with TLS) where the SDS files of the
-    /// serving certificate and the client CA are written: Envoy reads the certificates
-    /// through them and follows renewals without a restart. `run --sds-dir` may name the same
-    /// directory.
-    #[arg(long, value_name = "DIR")]
-    pub sds_dir: Option<std::path::PathBuf>,
-    /// `run --state-dir`: where the control plane keeps the last configuration Envoy
-    /// acknowledged; the fallback serves it instead of local-only routing when it is there.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
-    pub state_dir: std::path::PathBuf,
-    /// kube-apiserver's --goaway-chance, which no longer reaches clients behind Envoy: the
-    /// probability that Envoy tells a request's connection to go away (HTTP/2 GOAWAY, HTTP/1.1
-    /// Connection: close; the request and the others in flight finish, watches included), so
-    /// long-lived clients spread over the apiservers again through the load balancer. From 0
-    /// (off) to 0.02; 0.001 is a good start. Needs --socket-dir (Envoy reads it from a file
-    /// there that bootstrap writes).
-    #[arg(long, value_name = "CHANCE", default_value_t = GoawayChance::OFF)]
-    pub goaway_chance: GoawayChance,
-}
-
-/// The fallback's inputs from the flags: `None` with `--control-plane-wait=0`.
-struct FallbackFlags {
-    wait: Duration,
-    wasm: std::path::PathBuf,
-    upstream: Option<UpstreamTls>,
-}
-
-fn fallback_flags(args: &BootstrapArgs) -> Result<Option<(FallbackFlags, Scheme)>> {
-    if args.control_plane_wait.is_zero() {
-        return Ok(None);
-    }
-    let (Some(wasm), Some(_)) = (&args.wasm, &args.local_apiserver_url) else {
-        bail!(
-            "--control-plane-wait (default 30s) needs --wasm and --local-apiserver-url: when the \
-             control plane has not configured Envoy in time, Envoy serves local-only routing to \
-             the local apiserver (--control-plane-wait=0 waits forever instead)"
-        );
-    };
-    absolute("--wasm", wasm)?;
-    let (scheme, upstream) = args.upstream.resolve()?;
-    Ok(Some((
-        FallbackFlags {
-            wait: args.control_plane_wait,
-            wasm: wasm.clone(),
-            upstream,
-        },
-        scheme,
-    )))
-}
-
 /// Render the bootstrap for these flags (binary protobuf, [`Bootstrap::render`]).
 pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
-    let listener = &args.listener;
-    let channels = args.channels.resolve()?;
-    let serving = listener.serving_tls()?;
-    let fallback = fallback_flags(args)?;
-    let upstream_tls = fallback.as_ref().is_some_and(|(f, _)| f.upstream.is_some());
-    let sds_dir = sds_dir(args.sds_dir.as_deref(), serving.is_some() || upstream_tls)?;
-    let local = match &args.local_apiserver_url {
-        Some(url) => {
-            // The fallback's clusters speak what the upstream flags say; the peer port passes
-            // bytes through whatever they are.
-            let scheme = match &fallback {
-                Some((_, scheme)) => *scheme,
-                None if url.starts_with("http://") => Scheme::Http,
-                None => Scheme::Https,
-            };
-            Some(parse_local_url(url, scheme)?.address)
-        }
-        None => None,
-    };
-    let peer = match (listener.peer_listen()?, &local) {
-        (Some(peer_listen), Some(local)) => Some((peer_listen, local)),
-        (Some(_), None) => {
-            bail!("--peer-listen needs --local-apiserver-url (where the peer port leads)")
-        }
-        (None, _) => None,
-    };
+    let config = args.validate()?;
     // What the control plane last saw acknowledged, if it kept it: a record that cannot be
     // read or rendered ([`read_acknowledged`] checks it as the fallback will use it), or that
     // sits in a directory another user could write (whatever it holds could be theirs), leaves
     // the fallback local-only, and says so on stderr (the Envoy pod's log): Envoy must start
     // regardless.
-    let acknowledged = match &fallback {
-        Some(_) => match crate::state_file::check_dir(&args.state_dir)
+    let acknowledged = match &config.fallback {
+        Some(_) => match crate::state_file::check_dir(&config.state_dir)
             .map_err(|e| e.to_string())
-            .and_then(|()| read_acknowledged(&args.state_dir))
+            .and_then(|()| read_acknowledged(&config.state_dir))
         {
             Ok(record) => record,
             Err(e) => {
@@ -461,42 +354,40 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
         },
         _ => None,
     };
-    let fallback = match (&fallback, &local) {
-        (Some((flags, _)), Some(local)) => Some(FallbackInputs {
+    let fallback = match (&config.fallback, &config.local) {
+        (Some(flags), Some(local)) => Some(FallbackInputs {
             wait: flags.wait,
             wasm_path: &flags.wasm,
             local,
-            upstream_sds: flags.upstream.as_ref().and(sds_dir.as_deref()),
-            local_apiserver: &args.node_id,
+            upstream_sds: flags.upstream.as_ref().and(config.sds_dir.as_deref()),
+            local_apiserver: &config.node_id,
             acknowledged: acknowledged.as_ref(),
         }),
         _ => None,
     };
-    // The GOAWAY chance's file lives beside the sockets, which only Envoy's and the control
-    // plane's user can write; on loopback TCP there is no such directory, and no chance.
-    let goaway_file = channels.socket_dir().map(|dir| dir.join(GOAWAY_FILE));
-    if goaway_file.is_none() && !args.goaway_chance.is_off() {
-        bail!("--goaway-chance needs --socket-dir (Envoy reads the chance from a file there), not --insecure-tcp-local-channels");
-    }
     Ok(Bootstrap {
-        listen: &listener.listen,
-        admin: channels.admin(),
+        listen: &config.listen,
+        admin: config.channels.admin(),
         config_source: ConfigSource::Ads {
-            xds: channels.xds(),
+            xds: config.channels.xds(),
         },
-        node_id: &args.node_id,
-        request_timeout: listener.request_timeout,
-        serving: serving.as_ref(),
-        sds_dir: sds_dir.as_deref(),
-        peer: peer.map(|(listen, apiserver)| PeerPassthrough {
-            listen,
-            apiserver,
-            allowed_sources: &listener.peer_cidrs.peer_cidrs,
-        }),
+        node_id: &config.node_id,
+        request_timeout: config.request_timeout,
+        serving: config.serving.as_ref(),
+        sds_dir: config.sds_dir.as_deref(),
+        peer: config
+            .peer_listen
+            .as_ref()
+            .zip(config.local.as_ref())
+            .map(|(listen, apiserver)| PeerPassthrough {
+                listen,
+                apiserver,
+                allowed_sources: &config.peer_cidrs,
+            }),
         fallback,
-        goaway: goaway_file.as_deref().map(|path| GoawayFile {
+        goaway: config.goaway_file.as_deref().map(|path| GoawayFile {
             path,
-            configured: args.goaway_chance,
+            configured: config.goaway_chance,
         }),
     }
     .render()?)
@@ -509,24 +400,18 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
 pub fn bootstrap_secrets(
     args: &BootstrapArgs,
 ) -> Result<Option<(std::path::PathBuf, Vec<Secret>)>> {
+    let config = args.validate()?;
     let mut secrets = Vec::new();
-    if let Some(serving) = args.listener.serving_tls()? {
-        secrets.extend(serving_secrets(&serving)?);
+    if let Some(serving) = &config.serving {
+        secrets.extend(serving_secrets(serving)?);
     }
-    if let Some((
-        FallbackFlags {
-            upstream: Some(upstream),
-            ..
-        },
-        _,
-    )) = fallback_flags(args)?
-    {
-        secrets.extend(upstream_secrets(&upstream)?);
+    if let Some(upstream) = config.fallback.as_ref().and_then(|f| f.upstream.as_ref()) {
+        secrets.extend(upstream_secrets(upstream)?);
     }
     if secrets.is_empty() {
         return Ok(None);
     }
-    let Some(dir) = sds_dir(args.sds_dir.as_deref(), true)? else {
+    let Some(dir) = config.sds_dir else {
         bail!("TLS needs --sds-dir");
     };
     Ok(Some((dir, secrets)))
@@ -537,21 +422,22 @@ pub fn bootstrap_secrets(
 /// clusters'), print the bootstrap.
 pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
     let bootstrap = render_bootstrap(&args)?;
-    let channels = args.channels.resolve()?;
+    let config = args.validate()?;
+    let channels = &config.channels;
     channels.prepare().context("--socket-dir")?;
     if let Some(dir) = channels.socket_dir() {
         // Before every Envoy start: the configured chance, never a "drain everything" a
         // previous Envoy's control plane left (`crate::envoy::goaway`).
-        goaway::write(dir, ConnectionDrain::Chance(args.goaway_chance))
+        goaway::write(dir, ConnectionDrain::Chance(config.goaway_chance))
             .with_context(|| format!("writing {GOAWAY_FILE} in --socket-dir {}", dir.display()))?;
     }
-    if args.channels.insecure_tcp_local_channels {
+    if config.insecure_tcp_local_channels {
         eprintln!("skewgate-control: warning: --insecure-tcp-local-channels: Envoy's admin interface and xDS on loopback TCP, which any process on this node can reach");
     }
     if let Some((dir, secrets)) = bootstrap_secrets(&args)? {
         write_sds_files(&dir, &secrets)?;
     }
-    if args.listener.insecure_plaintext_listener {
+    if config.insecure_plaintext_listener {
         eprintln!("skewgate-control: warning: --insecure-plaintext-listener: Envoy serves clients in PLAINTEXT (tests on loopback only)");
     }
     let mut stdout = std::io::stdout().lock();
@@ -861,7 +747,10 @@ mod tests {
         ]) else {
             panic!("parses");
         };
-        assert_eq!(bootstrap.state_dir, std::path::Path::new(DEFAULT_STATE_DIR));
+        assert_eq!(
+            bootstrap.state_dir,
+            std::path::Path::new(crate::flags::DEFAULT_STATE_DIR)
+        );
         assert_eq!(run.state_dir, bootstrap.state_dir);
     }
 

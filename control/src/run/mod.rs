@@ -13,12 +13,14 @@
 //!
 //! - [`state`]: the decisions (which watches, the first-sync rule, composition, the skew
 //!   matrix) — pure, table-tested;
-//! - [`config`]: flags to a validated [`RunConfig`](config::RunConfig) — pure;
+//! - [`config`]: flags to a validated [`RunConfig`](config::RunConfig) — pure; likewise
+//!   [`bootstrap_config`] for `bootstrap`;
 //! - [`local_down`]: every client connection told to go away when the local apiserver stays
 //!   down;
 //! - [`orchestrator`]: the tokio loop; [`status`]: its counters and the `/readyz` and
 //!   `/debug/skew` state; [`cli`]: the subcommands, logging and signals.
 
+pub mod bootstrap_config;
 pub mod cli;
 pub mod config;
 pub mod local_down;
@@ -28,5 +30,5 @@ pub mod state;
 pub mod state_dir;
 pub mod status;
 
-pub use cli::BootstrapArgs;
+pub use bootstrap_config::BootstrapArgs;
 pub use config::RunArgs;
