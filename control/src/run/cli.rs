@@ -23,6 +23,7 @@ use crate::xds::{self, XdsMetrics};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 
 pub use super::bootstrap_config::BootstrapArgs;
+use super::bootstrap_config::BootstrapConfig;
 use super::config::{LogFormat, LogLevel, RunArgs, RunConfig};
 use super::orchestrator::{restore_state, Orchestrator, Shared};
 use super::status::{AppMetrics, Status};
@@ -332,7 +333,10 @@ async fn run_async(config: RunConfig) -> Result<()> {
 
 /// Render the bootstrap for these flags (binary protobuf, [`Bootstrap::render`]).
 pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
-    let config = args.validate()?;
+    render(&args.validate()?)
+}
+
+fn render(config: &BootstrapConfig) -> Result<Vec<u8>> {
     // What the control plane last saw acknowledged, if it kept it: a record that cannot be
     // read or rendered ([`read_acknowledged`] checks it as the fallback will use it), or that
     // sits in a directory another user could write (whatever it holds could be theirs), leaves
@@ -400,7 +404,10 @@ pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
 pub fn bootstrap_secrets(
     args: &BootstrapArgs,
 ) -> Result<Option<(std::path::PathBuf, Vec<Secret>)>> {
-    let config = args.validate()?;
+    secrets(&args.validate()?)
+}
+
+fn secrets(config: &BootstrapConfig) -> Result<Option<(std::path::PathBuf, Vec<Secret>)>> {
     let mut secrets = Vec::new();
     if let Some(serving) = &config.serving {
         secrets.extend(serving_secrets(serving)?);
@@ -411,7 +418,7 @@ pub fn bootstrap_secrets(
     if secrets.is_empty() {
         return Ok(None);
     }
-    let Some(dir) = config.sds_dir else {
+    let Some(dir) = config.sds_dir.clone() else {
         bail!("TLS needs --sds-dir");
     };
     Ok(Some((dir, secrets)))
@@ -421,8 +428,8 @@ pub fn bootstrap_secrets(
 /// socket in, write the GOAWAY chance there and the SDS files (the listener's, and the fallback
 /// clusters'), print the bootstrap.
 pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
-    let bootstrap = render_bootstrap(&args)?;
     let config = args.validate()?;
+    let bootstrap = render(&config)?;
     let channels = &config.channels;
     channels.prepare().context("--socket-dir")?;
     if let Some(dir) = channels.socket_dir() {
@@ -434,7 +441,7 @@ pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
     if config.insecure_tcp_local_channels {
         eprintln!("skewgate-control: warning: --insecure-tcp-local-channels: Envoy's admin interface and xDS on loopback TCP, which any process on this node can reach");
     }
-    if let Some((dir, secrets)) = bootstrap_secrets(&args)? {
+    if let Some((dir, secrets)) = secrets(&config)? {
         write_sds_files(&dir, &secrets)?;
     }
     if config.insecure_plaintext_listener {

@@ -5,6 +5,8 @@
 //! `skewgate-control render-static` and by the integration tests' Envoy harness: the same
 //! plan, resources and bootstrap as the live mode, delivered by files instead of ADS.
 
+pub mod cli;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
