@@ -51,7 +51,6 @@ use envoy_types::pb::google::protobuf::{value, Duration as ProtoDuration, Struct
 use envoy_types::util::pack_any;
 
 use super::{checked_path, EnvoyError};
-use crate::flags::FlagError;
 
 /// The file in the socket directory (`--socket-dir`, private to Envoy's and the control
 /// plane's user) Envoy reads the drain probability from.
@@ -89,20 +88,28 @@ impl GoawayChance {
     }
 }
 
+/// A chance that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GoawayChanceError {
+    #[error("{0:?}: not a number")]
+    NotANumber(String),
+    #[error(
+        "{0:?}: must be from 0 (off) to {MAX_GOAWAY_CHANCE}, as kube-apiserver's; 0.001 is a good start"
+    )]
+    OutOfRange(String),
+}
+
 impl std::str::FromStr for GoawayChance {
-    type Err = FlagError;
+    type Err = GoawayChanceError;
 
     /// kube-apiserver's rule: from 0 (off) to [`MAX_GOAWAY_CHANCE`].
-    fn from_str(s: &str) -> Result<Self, FlagError> {
+    fn from_str(s: &str) -> Result<Self, GoawayChanceError> {
         let chance: f64 = s
             .trim()
             .parse()
-            .map_err(|_| FlagError::value(s, "not a number"))?;
+            .map_err(|_| GoawayChanceError::NotANumber(s.to_string()))?;
         if !(0.0..=MAX_GOAWAY_CHANCE).contains(&chance) {
-            return Err(FlagError::value(
-                s,
-                format!("must be from 0 (off) to {MAX_GOAWAY_CHANCE}, as kube-apiserver's; 0.001 is a good start"),
-            ));
+            return Err(GoawayChanceError::OutOfRange(s.to_string()));
         }
         Ok(GoawayChance(chance))
     }
