@@ -1,0 +1,134 @@
+//! The control plane's core knows nothing of its host: what each apiserver serves, where each
+//! request goes, what is retained, the plan, the peer model and the checked flags use no async
+//! runtime, no Kubernetes client, no gRPC and no HTTP stack, so they stay testable (and fuzzable)
+//! without any of them. The modules that decide also read no clock: time is passed in.
+//!
+//! This is the line a separate core crate would draw (linkerd's policy controller keeps its core
+//! apart that way); inside one crate it is kept by this test. Why not a crate: the fuzz targets
+//! that need the control plane include the bootstrap (Envoy's types pull in tonic) and the Lease
+//! parser, so they would build everything anyway (docs/ARCHITECTURE.md, "Control loop").
+
+use std::path::Path;
+
+use skewgate_tests::repo_root;
+
+/// The core, from `control/src/` (a folder: every `.rs` in it).
+const CORE: &[&str] = &[
+    "discovery/",
+    "routing.rs",
+    "retained.rs",
+    "plan.rs",
+    "peers/model.rs",
+    "peers/address.rs",
+    "run/state.rs",
+    "run/retention.rs",
+    "run/config.rs",
+    "run/bootstrap_config.rs",
+    "static_config/cli.rs",
+    "envoy/bootstrap.rs",
+    "envoy/resources.rs",
+    "envoy/fallback.rs",
+    "envoy/dialect.rs",
+    "xds/snapshot.rs",
+];
+/// The modules that decide: besides the host crates, no clock.
+const NO_CLOCK: &[&str] = &["routing.rs", "retained.rs", "plan.rs", "run/retention.rs"];
+/// The host: crates (as paths, `use` or `crate::`-less) the core must not name.
+const HOST_CRATES: &[&str] = &[
+    "tokio",
+    "kube",
+    "tonic",
+    "hyper",
+    "hyper_util",
+    "reqwest",
+    "axum",
+    "tower",
+    "k8s_openapi",
+];
+
+/// The code lines (comments left out) of every file of `part`.
+fn code(part: &str) -> Vec<(String, usize, String)> {
+    let root = repo_root().join("control/src");
+    let path = root.join(part);
+    let files: Vec<std::path::PathBuf> = if part.ends_with('/') {
+        let mut files: Vec<_> = std::fs::read_dir(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            .collect();
+        files.sort();
+        files
+    } else {
+        vec![path]
+    };
+    assert!(!files.is_empty(), "{part}: no files");
+    let mut lines = Vec::new();
+    for file in files {
+        let text =
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let name = file
+            .strip_prefix(&root)
+            .unwrap_or(Path::new(part))
+            .display()
+            .to_string();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("").to_string();
+            if !code.trim().is_empty() {
+                lines.push((name.clone(), n + 1, code));
+            }
+        }
+    }
+    lines
+}
+
+fn names_crate(line: &str, krate: &str) -> bool {
+    let path = format!("{krate}::");
+    line.match_indices(&path).any(|(i, _)| {
+        // `tokio::x`, `use tokio::x`, `(tokio::x`, not `my_tokio::x` or `crate::tokio_x`.
+        line[..i]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':'))
+    })
+}
+
+#[test]
+fn the_core_names_no_host_crate() {
+    let mut found = Vec::new();
+    for part in CORE {
+        for (file, n, line) in code(part) {
+            for krate in HOST_CRATES {
+                if names_crate(&line, krate) {
+                    found.push(format!("control/src/{file}:{n}: {}", line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the core uses its host:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_deciding_modules_read_no_clock() {
+    let mut found = Vec::new();
+    for part in NO_CLOCK {
+        for (file, n, line) in code(part) {
+            if line.contains("::now()") && !line.contains("#[cfg(test)]") {
+                found.push(format!("control/src/{file}:{n}: {}", line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "a clock read:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_check_finds_what_it_looks_for() {
+    assert!(names_crate("use tokio::sync::watch;", "tokio"));
+    assert!(names_crate("    let x = kube::Api::all(c);", "kube"));
+    assert!(names_crate("fn f() -> tonic::Status {", "tonic"));
+    assert!(!names_crate("use crate::my_tokio::x;", "tokio"));
+    assert!(!names_crate("use skewgate_kube::x;", "kube"));
+}
