@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::Serialize;
-use skewgate_core::config::{OpenApiPeerEntry, MAX_CONFIG_BYTES};
+use skewgate_core::config::{DiscoveryConfig, OpenApiPeerEntry, MAX_CONFIG_BYTES};
 use skewgate_core::group_version::GroupVersion;
 
 use crate::discovery::documents::DiscoveryDocuments;
@@ -116,45 +116,14 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
     let local_served = local_docs
         .served()
         .map_err(|e| PlanError::LocalDiscovery(e.to_string()))?;
-    let mut unrouted = Vec::new();
-    let mut routing_peers = Vec::new();
-    let mut addresses = Vec::new();
-    let mut servers: Vec<(String, &DiscoveryDocuments)> =
-        vec![(inputs.local.id.to_string(), local_docs)];
-    let mut served = vec![(inputs.local.id.to_string(), local_served.clone())];
-    let mut openapi_roots = Vec::new();
-    for peer in inputs.peers {
-        if peer.id == inputs.local.id {
-            unrouted.push(Unrouted {
-                id: peer.id.to_string(),
-                reason: "it has the local apiserver's id".to_string(),
-            });
-            continue;
-        }
-        let Some(docs) = peer.documents else {
-            unrouted.push(Unrouted {
-                id: peer.id.to_string(),
-                reason: "its discovery has never been fetched successfully".to_string(),
-            });
-            continue;
-        };
-        match docs.served() {
-            Ok(s) => {
-                routing_peers.push(Peer {
-                    id: peer.id.to_string(),
-                    served: s.clone(),
-                });
-                addresses.push((peer.id.to_string(), peer.address.clone()));
-                servers.push((peer.id.to_string(), docs));
-                openapi_roots.push((peer.id, s.clone(), docs.openapi.as_ref()));
-                served.push((peer.id.to_string(), s));
-            }
-            Err(e) => unrouted.push(Unrouted {
-                id: peer.id.to_string(),
-                reason: format!("its discovery is unusable: {e}"),
-            }),
-        }
-    }
+    let Known {
+        mut unrouted,
+        mut routing_peers,
+        mut addresses,
+        mut servers,
+        served,
+        openapi_roots,
+    } = known(inputs, local_docs, &local_served);
     // Retention (`crate::retained`): what departed apiservers served that no live one does
     // answers 503 and stays listed; what a returning one alone served goes to it.
     let mut live = ServedApis::new();
@@ -200,26 +169,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         inputs.shared_storage,
         &openapi_roots,
     );
-    let (discovery, merged) = match payload::discovery_config(inputs.local.id, &servers) {
-        Ok(mut discovery) => {
-            discovery.unavailable = kept.stale.iter().map(GroupVersion::api_path).collect();
-            payload::set_content_version(&mut discovery);
-            let bytes = discovery.apis.get().len()
-                + discovery.api.get().len()
-                + discovery
-                    .legacy
-                    .values()
-                    .map(|d| d.get().len())
-                    .sum::<usize>();
-            (Some(discovery), MergedOutcome::Included { bytes })
-        }
-        Err(e) => (
-            None,
-            MergedOutcome::Skipped {
-                reason: e.to_string(),
-            },
-        ),
-    };
+    let (discovery, merged) = merged_discovery(inputs.local.id, &servers, &kept.stale);
     let mut routing = RoutingPlan::assemble(
         table,
         ConfigExtras {
@@ -228,10 +178,11 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
             discovery,
         },
     );
-    let mut routed: BTreeSet<String> = BTreeSet::new();
-    for c in &routing.clusters {
-        routed.extend(c.peer_ids.iter().cloned());
-    }
+    let routed: BTreeSet<String> = routing
+        .clusters
+        .iter()
+        .flat_map(|c| c.peer_ids.iter().cloned())
+        .collect();
     let merged = fit(&mut routing, merged, MAX_CONFIG_BYTES)?;
     routing
         .config
@@ -256,6 +207,99 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         retained: kept.departed,
         pending,
     })
+}
+
+/// The apiservers whose discovery is known (the local one first), and the live peers left
+/// out, with why.
+struct Known<'a> {
+    unrouted: Vec<Unrouted>,
+    routing_peers: Vec<Peer>,
+    addresses: Vec<(String, Address)>,
+    servers: Vec<(String, &'a DiscoveryDocuments)>,
+    served: Vec<(String, ServedApis)>,
+    openapi_roots: Vec<(&'a str, ServedApis, Option<&'a openapi::OpenApiRoot>)>,
+}
+
+fn known<'a>(
+    inputs: &PlanInputs<'a>,
+    local_docs: &'a DiscoveryDocuments,
+    local_served: &ServedApis,
+) -> Known<'a> {
+    let mut known = Known {
+        unrouted: Vec::new(),
+        routing_peers: Vec::new(),
+        addresses: Vec::new(),
+        servers: vec![(inputs.local.id.to_string(), local_docs)],
+        served: vec![(inputs.local.id.to_string(), local_served.clone())],
+        openapi_roots: Vec::new(),
+    };
+    for peer in inputs.peers {
+        let unrouted = |reason: String| Unrouted {
+            id: peer.id.to_string(),
+            reason,
+        };
+        if peer.id == inputs.local.id {
+            known
+                .unrouted
+                .push(unrouted("it has the local apiserver's id".to_string()));
+            continue;
+        }
+        let Some(docs) = peer.documents else {
+            known.unrouted.push(unrouted(
+                "its discovery has never been fetched successfully".to_string(),
+            ));
+            continue;
+        };
+        match docs.served() {
+            Ok(s) => {
+                known.routing_peers.push(Peer {
+                    id: peer.id.to_string(),
+                    served: s.clone(),
+                });
+                known
+                    .addresses
+                    .push((peer.id.to_string(), peer.address.clone()));
+                known.servers.push((peer.id.to_string(), docs));
+                known
+                    .openapi_roots
+                    .push((peer.id, s.clone(), docs.openapi.as_ref()));
+                known.served.push((peer.id.to_string(), s));
+            }
+            Err(e) => known
+                .unrouted
+                .push(unrouted(format!("its discovery is unusable: {e}"))),
+        }
+    }
+    known
+}
+
+/// Merged discovery of `servers` (the local apiserver first), with the `stale` group-versions'
+/// legacy documents answering 503; or why it is left out.
+fn merged_discovery(
+    local_id: &str,
+    servers: &[(String, &DiscoveryDocuments)],
+    stale: &BTreeSet<GroupVersion>,
+) -> (Option<DiscoveryConfig>, MergedOutcome) {
+    match payload::discovery_config(local_id, servers) {
+        Ok(mut discovery) => {
+            discovery.unavailable = stale.iter().map(GroupVersion::api_path).collect();
+            payload::set_content_version(&mut discovery);
+            let bytes = discovery.apis.get().len()
+                + discovery.api.get().len()
+                + discovery
+                    .legacy
+                    .values()
+                    .map(|d| d.get().len())
+                    .sum::<usize>();
+            (Some(discovery), MergedOutcome::Included { bytes })
+        }
+        Err(e) => (
+            None,
+            MergedOutcome::Skipped {
+                reason: e.to_string(),
+            },
+        ),
+    }
 }
 
 /// Leave out what is optional until the filter configuration fits the filter's `limit` (it
