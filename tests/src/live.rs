@@ -1,7 +1,8 @@
 //! The live mode's harness for the integration tests: a real etcd, simulated apiservers that
 //! keep identity Leases in it, the real `skewgate-control run` binary as a child process
 //! ([`Control`]), and real Envoy 1.40 on the bootstrap `skewgate-control bootstrap` prints
-//! ([`live_envoy`]). Used by `tests/tests/{control_plane,bounded_state,local_access,skew_page,metrics}.rs`.
+//! ([`live_envoy`]). Used by
+//! `tests/tests/{control_plane,retention,fallback,hostile_peers,openapi,tls,lease_to_route,bounded_state,local_access,skew_page,metrics}.rs`.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -380,6 +381,43 @@ pub fn versions_of(apis: &str, group: &str) -> Vec<String> {
         .flat_map(|g| g["versions"].as_array().cloned().unwrap_or_default())
         .filter_map(|v| v["version"].as_str().map(str::to_string))
         .collect()
+}
+
+/// GET `url` as JSON.
+pub async fn json_at(url: &str) -> Result<serde_json::Value> {
+    Ok(client()
+        .get(url)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
+/// (status, x-sim-* echo headers) of a GET through a TLS Envoy with `client`.
+pub async fn get_echo(
+    client: &reqwest::Client,
+    envoy: &Envoy,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(u16, std::collections::BTreeMap<String, String>)> {
+    let mut req = client.get(url(envoy, path));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await?;
+    let echo = resp
+        .headers()
+        .iter()
+        .filter(|(n, _)| n.as_str().starts_with("x-sim-"))
+        .map(|(n, v)| {
+            (
+                n.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    Ok((resp.status().as_u16(), echo))
 }
 
 /// Envoy runs the bootstrap's fallback configuration in `mode`: its gauge says so, and so does
