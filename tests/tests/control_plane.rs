@@ -31,7 +31,7 @@ async fn peers_join_leave_and_upgrade_and_routing_follows() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
     // Without API retention (0 keeps the behaviour from before it): a dead peer's APIs leave
-    // with it. Retention has its own scenario below.
+    // with it. Retention has its own scenarios (retention.rs).
     let mut control = Control::new(&a, dir.path(), &["--api-retention=0s"])?;
 
     // Envoy first: until the control plane's first complete sync it serves nothing, its port

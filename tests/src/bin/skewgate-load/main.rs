@@ -159,6 +159,24 @@ pub struct RequestRecord {
     /// `x-sim-apiserver`: which apiserver answered
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// The `message` of a `metav1.Status` answer other than 2xx (who refused, and why), cut
+    /// to [`MAX_MESSAGE`] bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// How much of a Status message a record keeps.
+const MAX_MESSAGE: usize = 300;
+
+/// The `message` of a `metav1.Status` body, if it is one.
+fn status_message(body: &[u8]) -> Option<String> {
+    let status: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let message = status.get("message")?.as_str()?;
+    let mut end = message.len().min(MAX_MESSAGE);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(message[..end].to_string())
 }
 
 /// One discovery sample of a node's merged `/apis`.
@@ -227,21 +245,25 @@ async fn one_request(
     gvr: String,
 ) -> RequestRecord {
     let t0 = now_ms();
-    let (status, err, by) = match client.get(format!("{url}{}", gvr_path(&gvr))).send().await {
-        Ok(resp) => {
-            let status = resp.status().as_u16();
-            let by = resp
-                .headers()
-                .get("x-sim-apiserver")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            match resp.bytes().await {
-                Ok(_) => (status, None, by),
-                Err(e) => (status, Some(describe(&e)), by),
+    let (status, err, by, message) =
+        match client.get(format!("{url}{}", gvr_path(&gvr))).send().await {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let by = resp
+                    .headers()
+                    .get("x-sim-apiserver")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                match resp.bytes().await {
+                    Ok(body) if !(200..300).contains(&status) => {
+                        (status, None, by, status_message(&body))
+                    }
+                    Ok(_) => (status, None, by, None),
+                    Err(e) => (status, Some(describe(&e)), by, None),
+                }
             }
-        }
-        Err(e) => (0, Some(describe(&e)), None),
-    };
+            Err(e) => (0, Some(describe(&e)), None, None),
+        };
     RequestRecord {
         t0,
         t1: now_ms(),
@@ -250,6 +272,7 @@ async fn one_request(
         status,
         err,
         by,
+        message,
     }
 }
 
@@ -390,7 +413,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                         let t = now_ms();
                         let _ = req_tx.send(RequestRecord {
                             t0: t, t1: t, node: node.clone(), gvr: gvr.to_string(), status: 0,
-                            err: Some(format!("shed: {} requests in flight", args.max_in_flight)), by: None,
+                            err: Some(format!("shed: {} requests in flight", args.max_in_flight)), by: None, message: None,
                         });
                     }
                 }

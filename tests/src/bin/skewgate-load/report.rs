@@ -203,12 +203,13 @@ pub fn report_records(
                     }
                     push_example(&mut s.avoidable_503_examples, || {
                         format!(
-                            "{} {} at {} (its own apiserver {}; served by {})",
+                            "{} {} at {} (its own apiserver {}; served by {}): {}",
                             r.node,
                             r.gvr,
                             r.t0,
                             if local_up { "up" } else { "down" },
-                            servers.into_iter().collect::<Vec<_>>().join(", ")
+                            servers.into_iter().collect::<Vec<_>>().join(", "),
+                            r.message.as_deref().unwrap_or("no Status message")
                         )
                     });
                 }
@@ -414,6 +415,7 @@ mod tests {
             status,
             err: err.map(str::to_string),
             by: None,
+            message: None,
         }
     }
 
