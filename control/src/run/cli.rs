@@ -174,94 +174,25 @@ async fn run_async(config: RunConfig) -> Result<()> {
             .context("--peer-ca-file")?;
     }
 
-    let peer_metrics = Arc::new(PeerMetrics::default());
+    let metrics = Metrics::default();
     let peer_watcher = PeerWatcher::spawn_restoring(
         client.clone(),
         config.peers.clone(),
         restored.retention.first_seen(),
-        peer_metrics.clone(),
+        metrics.peers.clone(),
     );
-    let shared_metrics = Arc::new(SharedStorageMetrics::default());
-    let shared_watcher = SharedStorageWatcher::spawn(client, shared_metrics.clone());
-    let discovery_metrics = Arc::new(DiscoveryMetrics::new());
-    let xds_metrics = Arc::new(XdsMetrics::new());
-    let app_metrics = Arc::new(AppMetrics::default());
-    let local_down_metrics = Arc::new(super::local_down::LocalDownMetrics::default());
+    let shared_watcher = SharedStorageWatcher::spawn(client, metrics.shared_storage.clone());
     let status = Arc::new(Status::default());
     let (publisher, snapshots) = watch::channel(None);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
-    let health = {
-        let (s1, s2) = (status.clone(), status.clone());
-        let (pm, dm, xm, sm, am, lm) = (
-            peer_metrics.clone(),
-            discovery_metrics.clone(),
-            xds_metrics.clone(),
-            shared_metrics.clone(),
-            app_metrics.clone(),
-            local_down_metrics.clone(),
-        );
-        let (xr, xs) = (xds_metrics.clone(), xds_metrics.clone());
-        Arc::new(Health {
-            // Ready says nothing about Envoy; a note names an Envoy whose filter cannot read
-            // the filter configuration (skewgate's own version skew).
-            ready: Box::new(move || {
-                s1.ready().map(|mut notes| {
-                    notes.extend(xr.readiness_notes());
-                    notes
-                })
-            }),
-            metrics: Box::new(move || {
-                let mut f = am.families();
-                f.extend(pm.families());
-                f.extend(dm.families());
-                f.extend(xm.families());
-                f.extend(sm.families());
-                f.extend(lm.families());
-                f
-            }),
-            envoy_admin: config.local_channels.envoy_admin().cloned(),
-            skew: Box::new(move |all| {
-                let mut doc = s2.skew_json(all);
-                if let Some(doc) = doc.as_object_mut() {
-                    doc.insert(
-                        "envoy_streams".to_string(),
-                        serde_json::to_value(xs.stream_filters()).unwrap_or_default(),
-                    );
-                }
-                doc
-            }),
-        })
-    };
-    // One task for both listeners: either stopping is a failure.
-    let mut health_task = {
-        let serve_health = health::serve(
-            health_listener,
-            health::router(health.clone()),
-            "health and metrics",
-            wait_true(shutdown_rx.clone()),
-        );
-        let debug_shutdown = wait_true(shutdown_rx.clone());
-        let serve_debug = async move {
-            match debug_listener {
-                Some(listener) => {
-                    health::serve(
-                        listener,
-                        health::debug_router(health),
-                        "debug (/debug/skew)",
-                        debug_shutdown,
-                    )
-                    .await
-                }
-                None => Ok(()),
-            }
-        };
-        tokio::spawn(async move { tokio::try_join!(serve_health, serve_debug).map(|_| ()) })
-    };
+    let health = health_endpoints(&config, &metrics, &status);
+    let mut health_task =
+        spawn_health_servers(health_listener, debug_listener, health, shutdown_rx.clone());
     let mut xds_task = tokio::spawn(xds::serve(
         xds_listener,
         snapshots,
-        xds_metrics.clone(),
+        metrics.xds.clone(),
         config.state_dir.clone(),
         wait_true(shutdown_rx.clone()),
     ));
@@ -269,8 +200,8 @@ async fn run_async(config: RunConfig) -> Result<()> {
         config.clone(),
         template,
         Shared {
-            discovery_metrics,
-            app_metrics,
+            discovery_metrics: metrics.discovery.clone(),
+            app_metrics: metrics.app.clone(),
             status,
         },
         publisher,
@@ -282,8 +213,8 @@ async fn run_async(config: RunConfig) -> Result<()> {
             dir.to_path_buf(),
             config.local_down_goaway_after,
             orchestrator.local_state(),
-            xds_metrics.clone(),
-            local_down_metrics.clone(),
+            metrics.xds.clone(),
+            metrics.local_down.clone(),
         ))
     });
     let orchestrator_task = tokio::spawn(orchestrator.run(
@@ -329,6 +260,93 @@ async fn run_async(config: RunConfig) -> Result<()> {
         }
         Some(why) => bail!(why),
     }
+}
+
+/// Every metric family `run` exposes, by the part that counts it.
+#[derive(Default)]
+struct Metrics {
+    peers: Arc<PeerMetrics>,
+    shared_storage: Arc<SharedStorageMetrics>,
+    discovery: Arc<DiscoveryMetrics>,
+    xds: Arc<XdsMetrics>,
+    app: Arc<AppMetrics>,
+    local_down: Arc<super::local_down::LocalDownMetrics>,
+}
+
+/// `/readyz`, `/metrics` and `/debug/skew` over the run's status and metrics.
+fn health_endpoints(config: &RunConfig, metrics: &Metrics, status: &Arc<Status>) -> Arc<Health> {
+    let (s1, s2) = (status.clone(), status.clone());
+    let (pm, dm, xm, sm, am, lm) = (
+        metrics.peers.clone(),
+        metrics.discovery.clone(),
+        metrics.xds.clone(),
+        metrics.shared_storage.clone(),
+        metrics.app.clone(),
+        metrics.local_down.clone(),
+    );
+    let (xr, xs) = (metrics.xds.clone(), metrics.xds.clone());
+    Arc::new(Health {
+        // Ready says nothing about Envoy; a note names an Envoy whose filter cannot read the
+        // filter configuration (skewgate's own version skew).
+        ready: Box::new(move || {
+            s1.ready().map(|mut notes| {
+                notes.extend(xr.readiness_notes());
+                notes
+            })
+        }),
+        metrics: Box::new(move || {
+            let mut f = am.families();
+            f.extend(pm.families());
+            f.extend(dm.families());
+            f.extend(xm.families());
+            f.extend(sm.families());
+            f.extend(lm.families());
+            f
+        }),
+        envoy_admin: config.local_channels.envoy_admin().cloned(),
+        skew: Box::new(move |all| {
+            let mut doc = s2.skew_json(all);
+            if let Some(doc) = doc.as_object_mut() {
+                doc.insert(
+                    "envoy_streams".to_string(),
+                    serde_json::to_value(xs.stream_filters()).unwrap_or_default(),
+                );
+            }
+            doc
+        }),
+    })
+}
+
+/// The health listener and, when given, the debug listener, in one task: either stopping is a
+/// failure.
+fn spawn_health_servers(
+    health_listener: tokio::net::TcpListener,
+    debug_listener: Option<tokio::net::TcpListener>,
+    health: Arc<Health>,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let serve_health = health::serve(
+        health_listener,
+        health::router(health.clone()),
+        "health and metrics",
+        wait_true(shutdown.clone()),
+    );
+    let debug_shutdown = wait_true(shutdown);
+    let serve_debug = async move {
+        match debug_listener {
+            Some(listener) => {
+                health::serve(
+                    listener,
+                    health::debug_router(health),
+                    "debug (/debug/skew)",
+                    debug_shutdown,
+                )
+                .await
+            }
+            None => Ok(()),
+        }
+    };
+    tokio::spawn(async move { tokio::try_join!(serve_health, serve_debug).map(|_| ()) })
 }
 
 /// Render the bootstrap for these flags (binary protobuf, [`Bootstrap::render`]).
