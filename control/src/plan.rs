@@ -118,7 +118,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         .map_err(|e| PlanError::LocalDiscovery(e.to_string()))?;
     let Known {
         mut unrouted,
-        mut routing_peers,
+        routing_peers,
         mut addresses,
         mut servers,
         served,
@@ -137,28 +137,39 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         .map(|p| p.id)
         .filter(|id| *id != inputs.local.id && !live_ids.contains(id))
         .collect();
-    let kept = retained::retained(&live, &live_ids, &unknown, inputs.retained);
-    let mut returning = BTreeSet::new();
+    // Returning: a live peer with no discovery read since it came back (one whose discovery
+    // was read but is unusable is not: it stays unrouted, as any other).
+    let unread: BTreeSet<&str> = inputs
+        .peers
+        .iter()
+        .filter(|p| p.documents.is_none() && unknown.contains(p.id))
+        .map(|p| p.id)
+        .collect();
+    let mut kept = retained::retained(&live, &live_ids, &unread, inputs.retained);
+    let mut returning_peers = Vec::new();
     for (id, alone) in &kept.returning {
-        let Some(view) = inputs.peers.iter().find(|p| p.id == id) else {
-            continue;
-        };
-        routing_peers.push(Peer {
-            id: id.clone(),
-            served: alone.clone(),
-        });
-        addresses.push((id.clone(), view.address.clone()));
-        returning.insert(id.as_str());
+        match inputs.peers.iter().find(|p| p.id == id) {
+            Some(view) => {
+                returning_peers.push(Peer {
+                    id: id.clone(),
+                    served: alone.clone(),
+                });
+                addresses.push((id.clone(), view.address.clone()));
+            }
+            // Not a live peer after all (`unread` says it is): what it served answers 503.
+            None => kept.keys.merge(alone.clone()),
+        }
     }
     servers.extend(kept.documents.iter().map(|(id, d)| (id.clone(), d)));
     // A returning apiserver is routed (what it alone served) and pending (its discovery).
-    unrouted.retain(|u| !returning.contains(u.id.as_str()));
+    unrouted.retain(|u| !returning_peers.iter().any(|p| p.id == u.id));
     let pending: Vec<String> = unknown.iter().map(|id| id.to_string()).collect();
 
     let mut table = routing::build(
         &local_served,
         inputs.local.id,
         &routing_peers,
+        &returning_peers,
         &kept.keys,
         inputs.shared_storage,
         inputs.local_freshness,
@@ -519,7 +530,27 @@ mod tests {
             "v1beta2".into(),
             Some("Stale".into())
         )));
+        // What it serves now is not known: never a failover target.
+        assert_eq!(p.routing.config.failover_all, None);
+        assert!(p.routing.config.failover_clusters.is_empty());
         p.routing.config.validate().expect("valid");
+
+        // Its discovery read but unusable: unrouted as any such peer, its keys retained.
+        let mut unusable = documents("k8s-1.33");
+        unusable.apis.items[0].metadata.name = "not/a-group".to_string();
+        assert!(unusable.served().is_err());
+        let back = [ApiserverView {
+            documents: Some(&unusable),
+            ..back[0]
+        }];
+        let p = plan_with(&back, &gone);
+        let claims = route(&p, "resource.k8s.io", "v1beta2", "resourceclaims").expect("listed");
+        assert!(
+            claims.retained && claims.peer_cluster.is_none(),
+            "{claims:?}"
+        );
+        assert_eq!(p.unrouted.len(), 1);
+        assert!(p.routed.is_empty());
     }
 
     #[test]

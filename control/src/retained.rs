@@ -50,8 +50,8 @@ pub struct RetainedApis {
 /// retention's views; those whose id is in `live_ids` count for nothing (their fresh discovery is
 /// the truth), those whose documents do not parse likewise.
 ///
-/// Returning apiservers are taken first, so that a key a returning and a departed apiserver both
-/// served goes to the returning one.
+/// A key a returning and a departed apiserver both served goes to the returning one; a key two
+/// departed ones served is listed for each (each one's retention is reported).
 pub fn retained(
     live: &ServedApis,
     live_ids: &BTreeSet<&str>,
@@ -59,22 +59,19 @@ pub fn retained(
     retained: &[RetainedView<'_>],
 ) -> RetainedApis {
     let mut out = RetainedApis::default();
-    let mut covered = live.clone();
     let (back, gone): (Vec<&RetainedView<'_>>, Vec<&RetainedView<'_>>) = retained
         .iter()
         .filter(|r| !live_ids.contains(r.id))
         .partition(|r| returning.contains(r.id));
-    let in_order = back
-        .iter()
-        .map(|r| (*r, true))
-        .chain(gone.iter().map(|r| (*r, false)));
-    for (r, is_returning) in in_order {
-        let Ok(their) = r.documents.served() else {
-            continue;
-        };
-        let missing = their.difference(&covered);
+    // Returning apiservers: each what no live one serves (two that served the same key share
+    // it: routing gives them one cluster). Departed ones: what neither a live nor a returning
+    // one serves (each of them lists it, so each one's expiry is reported).
+    let mut covered = live.clone();
+    let mut missing_of = |r: &RetainedView<'_>, from: &ServedApis| {
+        let their = r.documents.served().ok()?;
+        let missing = their.difference(from);
         if missing.is_empty() {
-            continue;
+            return None;
         }
         for (group, version) in missing.group_versions() {
             if !live.serves_group_version(group, version) {
@@ -85,14 +82,26 @@ pub fn retained(
             r.id.to_string(),
             r.documents.restricted_to(&missing, &out.stale),
         ));
-        covered.merge(missing.clone());
-        if is_returning {
-            out.returning.push((r.id.to_string(), missing));
-        } else {
-            out.keys.merge(missing.clone());
-            out.departed.push((r.id.to_string(), missing));
+        Some(missing)
+    };
+    let mut returning_alone = Vec::new();
+    for r in back {
+        if let Some(missing) = missing_of(r, live) {
+            covered.merge(missing.clone());
+            returning_alone.push((r.id.to_string(), missing));
         }
     }
+    let mut departed = Vec::new();
+    for r in gone {
+        if let Some(missing) = missing_of(r, &covered) {
+            departed.push((r.id.to_string(), missing));
+        }
+    }
+    for (_, missing) in &departed {
+        out.keys.merge(missing.clone());
+    }
+    out.returning = returning_alone;
+    out.departed = departed;
     out
 }
 
@@ -178,6 +187,48 @@ mod tests {
         assert!(r.keys.is_empty() && r.departed.is_empty());
         assert_eq!(r.returning.len(), 1);
         assert_eq!(r.returning[0].0, "b-returning");
+    }
+
+    #[test]
+    fn a_key_two_departed_apiservers_served_is_listed_for_each() {
+        let b = documents("k8s-1.33");
+        let c = documents("k8s-1.33");
+        let views = [
+            RetainedView {
+                id: "b",
+                documents: &b,
+            },
+            RetainedView {
+                id: "c",
+                documents: &c,
+            },
+        ];
+        let r = retained(&live_130(), &ids(&["a"]), &ids(&[]), &views);
+        assert_eq!(r.departed.len(), 2);
+        assert_eq!(r.departed[0].1, r.departed[1].1);
+        assert!(r.departed[1]
+            .1
+            .serves("resource.k8s.io", "v1beta2", "resourceclaims"));
+    }
+
+    #[test]
+    fn a_key_two_returning_apiservers_served_goes_to_both() {
+        let b = documents("k8s-1.33");
+        let c = documents("k8s-1.33");
+        let views = [
+            RetainedView {
+                id: "b",
+                documents: &b,
+            },
+            RetainedView {
+                id: "c",
+                documents: &c,
+            },
+        ];
+        let r = retained(&live_130(), &ids(&["a"]), &ids(&["b", "c"]), &views);
+        assert!(r.keys.is_empty() && r.departed.is_empty());
+        assert_eq!(r.returning.len(), 2);
+        assert_eq!(r.returning[0].1, r.returning[1].1);
     }
 
     #[test]

@@ -190,6 +190,9 @@ struct Servers<'a> {
 /// - `local`, `local_id`: the apiserver this Envoy fronts.
 /// - `peers`: the live peers only. A peer whose id equals `local_id` is ignored (we never route
 ///   to ourselves as a peer); two entries with the same id are merged.
+/// - `returning`: live peers whose discovery is not read yet, with what they alone served before
+///   ([`crate::retained`]): routed like peers, but never part of a failover set (what they
+///   serve now is not known).
 /// - `retained`: keys retained apiservers served; those no live apiserver serves are emitted
 ///   `retained` (the filter answers 503 for them, never the local 404).
 /// - `shared_storage`: (group, version) pairs served from shared storage (CRDs, APIServices):
@@ -204,6 +207,7 @@ pub fn build(
     local: &ServedApis,
     local_id: &str,
     peers: &[Peer],
+    returning: &[Peer],
     retained: &ServedApis,
     shared_storage: &BTreeSet<GroupVersion>,
     local_freshness: LocalFreshness,
@@ -216,7 +220,7 @@ pub fn build(
             gv.entry(key.as_str()).or_default().local = true;
         }
     }
-    for peer in peers.iter().filter(|p| p.id != local_id) {
+    for peer in peers.iter().chain(returning).filter(|p| p.id != local_id) {
         for (group, version, keys) in peer.served.iter() {
             let gv = table.entry((group, version)).or_default();
             for key in keys {
@@ -328,6 +332,7 @@ mod tests {
             local,
             local_id,
             peers,
+            &[],
             retained,
             shared_storage,
             local_freshness,

@@ -88,6 +88,7 @@ pub mod world {
                     served: served(c),
                 },
             ],
+            &[],
             &Default::default(),
             &BTreeSet::new(),
             LocalFreshness::Current,

@@ -1,7 +1,9 @@
-//! The control plane's core knows nothing of its host: what each apiserver serves, where each
-//! request goes, what is retained, the plan, the peer model and the checked flags use no async
-//! runtime, no Kubernetes client, no gRPC and no HTTP stack, so they stay testable (and fuzzable)
-//! without any of them. The modules that decide also read no clock: time is passed in.
+//! The control plane's core knows nothing of its host: the code of what each apiserver serves,
+//! where each request goes, what is retained, the plan, the peer model and the checked flags
+//! names no async runtime, Kubernetes client, gRPC or HTTP stack, so it stays testable (and
+//! fuzzable) without them. The modules that decide also read no clock: time is passed in. (The
+//! check reads each file's own code, tests left out; the shared types it imports, such as
+//! `local_channels`' addresses, live beside the host code that uses them.)
 //!
 //! This is the line a separate core crate would draw (linkerd's policy controller keeps its core
 //! apart that way); inside one crate it is kept by this test. Why not a crate: the fuzz targets
@@ -46,7 +48,8 @@ const HOST_CRATES: &[&str] = &[
     "k8s_openapi",
 ];
 
-/// The code lines (comments left out) of every file of `part`.
+/// The code lines of every file of `part`: comment lines and the test module (from its
+/// `#[cfg(test)]` on) left out.
 fn code(part: &str) -> Vec<(String, usize, String)> {
     let root = repo_root().join("control/src");
     let path = root.join(part);
@@ -72,9 +75,12 @@ fn code(part: &str) -> Vec<(String, usize, String)> {
             .display()
             .to_string();
         for (n, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("").to_string();
-            if !code.trim().is_empty() {
-                lines.push((name.clone(), n + 1, code));
+            let code = line.trim_start();
+            if code == "#[cfg(test)]" {
+                break;
+            }
+            if !code.is_empty() && !code.starts_with("//") {
+                lines.push((name.clone(), n + 1, line.to_string()));
             }
         }
     }
@@ -82,14 +88,35 @@ fn code(part: &str) -> Vec<(String, usize, String)> {
 }
 
 fn names_crate(line: &str, krate: &str) -> bool {
-    let path = format!("{krate}::");
-    line.match_indices(&path).any(|(i, _)| {
-        // `tokio::x`, `use tokio::x`, `(tokio::x`, not `my_tokio::x` or `crate::tokio_x`.
-        line[..i]
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    // Where `krate` starts a path: not inside another name, not after `crate::`/`super::`
+    // (`::tokio::x`, an absolute path, is the crate).
+    let starts_path = |before: &str| {
+        let before = before.strip_suffix("::").map_or(before, |b| {
+            if b.chars().next_back().is_some_and(ident) {
+                "x" // `crate::tokio`, `a::tokio`: a module of ours or of another crate
+            } else {
+                b
+            }
+        });
+        before
             .chars()
             .next_back()
-            .is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':'))
-    })
+            .is_none_or(|c| !(ident(c) || c == ':'))
+    };
+    let path = format!("{krate}::");
+    let used_as_path = line
+        .match_indices(&path)
+        .any(|(i, _)| starts_path(&line[..i]));
+    // `use tokio;`, `use tokio as rt;`, `extern crate tokio;`, `use tokio::{..}` (above).
+    let whole = line.trim_start();
+    let used_whole = ["use ", "pub use ", "extern crate "].iter().any(|lead| {
+        whole.strip_prefix(lead).is_some_and(|rest| {
+            rest.strip_prefix(krate)
+                .is_some_and(|after| after.chars().next().is_none_or(|c| !ident(c) && c != ':'))
+        })
+    });
+    used_as_path || used_whole
 }
 
 #[test]
@@ -116,7 +143,7 @@ fn the_deciding_modules_read_no_clock() {
     let mut found = Vec::new();
     for part in NO_CLOCK {
         for (file, n, line) in code(part) {
-            if line.contains("::now()") && !line.contains("#[cfg(test)]") {
+            if line.contains("::now()") || line.contains("::now)") || line.contains(".elapsed()") {
                 found.push(format!("control/src/{file}:{n}: {}", line.trim()));
             }
         }
@@ -129,6 +156,15 @@ fn the_check_finds_what_it_looks_for() {
     assert!(names_crate("use tokio::sync::watch;", "tokio"));
     assert!(names_crate("    let x = kube::Api::all(c);", "kube"));
     assert!(names_crate("fn f() -> tonic::Status {", "tonic"));
+    assert!(names_crate(
+        "let r = ::tokio::runtime::Handle::current();",
+        "tokio"
+    ));
+    assert!(names_crate("use tokio as rt;", "tokio"));
+    assert!(names_crate("extern crate tokio;", "tokio"));
     assert!(!names_crate("use crate::my_tokio::x;", "tokio"));
+    assert!(!names_crate("use crate::tokio::x;", "tokio"));
     assert!(!names_crate("use skewgate_kube::x;", "kube"));
+    assert!(!names_crate("use tokio_stream::x;", "tokio"));
+    assert!(!names_crate("let url = \"https://kube.example/\";", "kube"));
 }

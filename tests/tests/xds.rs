@@ -160,6 +160,7 @@ fn plan(local: &SimApiserver, peers: &[&SimApiserver]) -> Result<RoutingPlan> {
         &local.served()?,
         &local.id,
         &peers,
+        &[],
         &Default::default(),
         &Default::default(),
         routing::LocalFreshness::Current,

@@ -126,6 +126,7 @@ mod tests {
                 id: "b".into(),
                 served,
             }],
+            &[],
             &Default::default(),
             &BTreeSet::new(),
             routing::LocalFreshness::Current,
