@@ -110,6 +110,10 @@ mod tests {
     use super::*;
     use crate::test_fixtures::documents;
 
+    fn view<'a>(id: &'a str, documents: &'a DiscoveryDocuments) -> RetainedView<'a> {
+        RetainedView { id, documents }
+    }
+
     fn ids<'a>(v: &[&'a str]) -> BTreeSet<&'a str> {
         v.iter().copied().collect()
     }
@@ -122,10 +126,7 @@ mod tests {
     #[test]
     fn a_departed_apiserver_keeps_only_what_no_live_one_serves() {
         let b = documents("k8s-1.33");
-        let views = [RetainedView {
-            id: "b",
-            documents: &b,
-        }];
+        let views = [view("b", &b)];
         let r = retained(&live_130(), &ids(&["a"]), &ids(&[]), &views);
         assert!(r
             .keys
@@ -151,10 +152,7 @@ mod tests {
     #[test]
     fn a_returning_apiserver_gets_what_it_alone_served_instead_of_a_503() {
         let b = documents("k8s-1.33");
-        let views = [RetainedView {
-            id: "b",
-            documents: &b,
-        }];
+        let views = [view("b", &b)];
         let r = retained(&live_130(), &ids(&["a"]), &ids(&["b"]), &views);
         assert!(r.keys.is_empty(), "nothing answered 503");
         assert!(r.departed.is_empty());
@@ -173,16 +171,7 @@ mod tests {
         let b = documents("k8s-1.33");
         let c = documents("k8s-1.33");
         // Sorted so that the departed one comes first.
-        let views = [
-            RetainedView {
-                id: "a-departed",
-                documents: &c,
-            },
-            RetainedView {
-                id: "b-returning",
-                documents: &b,
-            },
-        ];
+        let views = [view("a-departed", &c), view("b-returning", &b)];
         let r = retained(&live_130(), &ids(&["a"]), &ids(&["b-returning"]), &views);
         assert!(r.keys.is_empty() && r.departed.is_empty());
         assert_eq!(r.returning.len(), 1);
@@ -193,16 +182,7 @@ mod tests {
     fn a_key_two_departed_apiservers_served_is_listed_for_each() {
         let b = documents("k8s-1.33");
         let c = documents("k8s-1.33");
-        let views = [
-            RetainedView {
-                id: "b",
-                documents: &b,
-            },
-            RetainedView {
-                id: "c",
-                documents: &c,
-            },
-        ];
+        let views = [view("b", &b), view("c", &c)];
         let r = retained(&live_130(), &ids(&["a"]), &ids(&[]), &views);
         assert_eq!(r.departed.len(), 2);
         assert_eq!(r.departed[0].1, r.departed[1].1);
@@ -215,16 +195,7 @@ mod tests {
     fn a_key_two_returning_apiservers_served_goes_to_both() {
         let b = documents("k8s-1.33");
         let c = documents("k8s-1.33");
-        let views = [
-            RetainedView {
-                id: "b",
-                documents: &b,
-            },
-            RetainedView {
-                id: "c",
-                documents: &c,
-            },
-        ];
+        let views = [view("b", &b), view("c", &c)];
         let r = retained(&live_130(), &ids(&["a"]), &ids(&["b", "c"]), &views);
         assert!(r.keys.is_empty() && r.departed.is_empty());
         assert_eq!(r.returning.len(), 2);
@@ -234,10 +205,7 @@ mod tests {
     #[test]
     fn an_apiserver_live_with_known_discovery_is_not_retained_at_all() {
         let b = documents("k8s-1.33");
-        let views = [RetainedView {
-            id: "b",
-            documents: &b,
-        }];
+        let views = [view("b", &b)];
         let r = retained(&live_130(), &ids(&["a", "b"]), &ids(&[]), &views);
         assert_eq!(r, RetainedApis::default());
     }
@@ -245,10 +213,7 @@ mod tests {
     #[test]
     fn nothing_missing_nothing_retained() {
         let a = documents("k8s-1.30");
-        let views = [RetainedView {
-            id: "b",
-            documents: &a,
-        }];
+        let views = [view("b", &a)];
         let r = retained(&live_130(), &ids(&["a"]), &ids(&["b"]), &views);
         assert_eq!(r, RetainedApis::default());
     }

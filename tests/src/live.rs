@@ -30,6 +30,22 @@ pub const AGGREGATED: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=API
 /// One scenario at a time: each runs etcd, several apiservers, Envoy and the control plane.
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The upstream TLS flags `run` and `bootstrap` share: the peer CA and the proxy-client
+/// certificate of `pki`.
+pub fn upstream_tls_flags(pki: &TestPki) -> [String; 3] {
+    [
+        format!("--peer-ca-file={}", pki.cluster_ca.cert_file.display()),
+        format!(
+            "--proxy-client-cert-file={}",
+            pki.front_proxy_client.cert_file.display()
+        ),
+        format!(
+            "--proxy-client-key-file={}",
+            pki.front_proxy_client.key_file.display()
+        ),
+    ]
+}
+
 pub fn shared(id: &str, fixture: &str, etcd: &Etcd) -> SimOptions {
     SimOptions::shared(id, fixture, etcd, RENEW)
 }
@@ -76,19 +92,9 @@ impl Control {
             &pki.cluster_ca.cert_file,
             &Credential::Token(TEST_TOKENS[0].token.to_string()),
         )?;
-        let args = vec![
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--peer-ca-file={}", pki.cluster_ca.cert_file.display()),
-            format!(
-                "--proxy-client-cert-file={}",
-                pki.front_proxy_client.cert_file.display()
-            ),
-            format!(
-                "--proxy-client-key-file={}",
-                pki.front_proxy_client.key_file.display()
-            ),
-            format!("--sds-dir={}", dir.join("sds").display()),
-        ];
+        let mut args = vec![format!("--kubeconfig={}", kubeconfig.display())];
+        args.extend(upstream_tls_flags(pki));
+        args.push(format!("--sds-dir={}", dir.join("sds").display()));
         Self::with_args(local, dir, args)
     }
 

@@ -173,19 +173,15 @@ async fn envoy_serves_local_only_without_its_control_plane_then_the_live_configu
         Some(&pki),
         None,
         &[
-            "--control-plane-wait=2s".into(),
-            format!("--wasm={}", wasm_path()?.display()),
-            format!("--local-apiserver-url={}", a.url()),
-            format!("--peer-ca-file={}", pki.cluster_ca.cert_file.display()),
-            format!(
-                "--proxy-client-cert-file={}",
-                pki.front_proxy_client.cert_file.display()
-            ),
-            format!(
-                "--proxy-client-key-file={}",
-                pki.front_proxy_client.key_file.display()
-            ),
-        ],
+            [
+                "--control-plane-wait=2s".into(),
+                format!("--wasm={}", wasm_path()?.display()),
+                format!("--local-apiserver-url={}", a.url()),
+            ]
+            .as_slice(),
+            &upstream_tls_flags(&pki),
+        ]
+        .concat(),
     )
     .await?;
     envoy.wait_ready().await.context("Envoy opened no port")?;
@@ -306,21 +302,14 @@ async fn envoy_serves_local_only_without_its_control_plane_then_the_live_configu
 
 /// `bootstrap` flags for a 2 s fallback from the state directory `state`, to `local`.
 fn fallback_flags(state: &Path, local: &SimApiserver, pki: &TestPki) -> Result<Vec<String>> {
-    Ok(vec![
+    let mut flags = vec![
         "--control-plane-wait=2s".to_string(),
         format!("--state-dir={}", state.display()),
         format!("--wasm={}", wasm_path()?.display()),
         format!("--local-apiserver-url={}", local.url()),
-        format!("--peer-ca-file={}", pki.cluster_ca.cert_file.display()),
-        format!(
-            "--proxy-client-cert-file={}",
-            pki.front_proxy_client.cert_file.display()
-        ),
-        format!(
-            "--proxy-client-key-file={}",
-            pki.front_proxy_client.key_file.display()
-        ),
-    ])
+    ];
+    flags.extend(upstream_tls_flags(pki));
+    Ok(flags)
 }
 
 /// Strings a peer (or an extension apiserver behind an APIService) could put in its discovery:
