@@ -23,7 +23,7 @@ use crate::discovery::ServedApis;
 use crate::envoy::{Address, EnvoyError};
 use crate::retained;
 pub use crate::retained::RetainedView;
-use crate::routing::{self, ConfigExtras, Peer, RoutingPlan, RoutingTable};
+use crate::routing::{self, ConfigExtras, Peer, RetainedRoutes, RoutingPlan, RoutingTable};
 use crate::xds::{Snapshot, SnapshotInputs};
 
 /// One apiserver as composition sees it.
@@ -160,6 +160,22 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
             None => kept.keys.merge(alone.clone()),
         }
     }
+    // A departed apiserver with a known address gets what it alone served sent there.
+    let mut departed_peers = Vec::new();
+    for (id, alone) in &kept.departed {
+        let address = inputs
+            .retained
+            .iter()
+            .find(|r| r.id == id)
+            .and_then(|r| r.address);
+        if let Some(address) = address {
+            departed_peers.push(Peer {
+                id: id.clone(),
+                served: alone.clone(),
+            });
+            addresses.push((id.clone(), address.clone()));
+        }
+    }
     servers.extend(kept.documents.iter().map(|(id, d)| (id.clone(), d)));
     // A returning apiserver is routed (what it alone served) and pending (its discovery).
     unrouted.retain(|u| !returning_peers.iter().any(|p| p.id == u.id));
@@ -169,8 +185,11 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
         &local_served,
         inputs.local.id,
         &routing_peers,
-        &returning_peers,
-        &kept.keys,
+        RetainedRoutes {
+            returning: &returning_peers,
+            keys: &kept.keys,
+            departed: &departed_peers,
+        },
         inputs.shared_storage,
         inputs.local_freshness,
     );
@@ -442,6 +461,7 @@ mod tests {
     fn what_only_a_retained_server_served_stays_stale_and_unavailable() {
         let b_docs = documents("k8s-1.33");
         let gone = [RetainedView {
+            address: None,
             id: "apiserver-b",
             documents: &b_docs,
         }];
@@ -494,10 +514,77 @@ mod tests {
             .any(|(g, v, _)| g == "resource.k8s.io" && v == "v1beta2"));
     }
 
+    /// A departed apiserver whose last address is known: what it alone served goes there (a
+    /// cluster of its own, with the departed connect timeout), still retained, still Stale.
+    #[test]
+    fn a_departed_apiserver_with_a_known_address_gets_what_it_retained_sent_there() {
+        use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+        use prost::Message;
+        let b_docs = documents("k8s-1.33");
+        let b_addr = addr("10.0.0.2:6443");
+        let gone = [RetainedView {
+            address: Some(&b_addr),
+            id: "apiserver-b",
+            documents: &b_docs,
+        }];
+        let p = plan_with(&[], &gone);
+        let name = routing::departed_cluster_name(&["apiserver-b"]);
+        let claims = route(&p, "resource.k8s.io", "v1beta2", "resourceclaims").expect("listed");
+        assert!(claims.retained && !claims.local && claims.peer_cluster.is_none());
+        assert_eq!(claims.departed_cluster.as_deref(), Some(name.as_str()));
+        let resize = route(&p, "", "v1", "pods/resize").expect("listed");
+        assert_eq!(resize.departed_cluster.as_deref(), Some(name.as_str()));
+        assert!(
+            route(&p, "", "v1", "pods")
+                .expect("pods")
+                .departed_cluster
+                .is_none(),
+            "what a live apiserver serves stays with it"
+        );
+        assert_eq!(
+            p.routing.config.departed_clusters,
+            BTreeMap::from([(name.clone(), vec!["apiserver-b".to_string()])])
+        );
+        // Still retained (reported, counted) and Stale: its discovery is not confirmed.
+        assert_eq!(p.retained.len(), 1);
+        assert!(merged(&p).contains(&(
+            "resource.k8s.io".into(),
+            "v1beta2".into(),
+            Some("Stale".into())
+        )));
+        assert!(
+            p.routed.is_empty(),
+            "a departed apiserver is not a routed peer"
+        );
+        // Its clusters: its last address, the short connect timeout.
+        for auth in skewgate_core::config::UpstreamAuth::ALL {
+            let cluster = p
+                .snapshot
+                .clusters
+                .get(&auth.cluster(&name))
+                .expect("departed cluster");
+            let cluster = Cluster::decode(cluster.resource.value.as_slice()).expect("cluster");
+            assert_eq!(
+                cluster.connect_timeout,
+                Some(crate::envoy::resources::proto_duration(
+                    crate::envoy::resources::DEPARTED_CONNECT_TIMEOUT
+                ))
+            );
+            let endpoints = format!("{:?}", cluster.load_assignment);
+            assert!(endpoints.contains("10.0.0.2") && endpoints.contains("6443"));
+        }
+        // The bootstrap's fallback keeps no departed route: its keys answer 503 there.
+        let acknowledged = p.snapshot.acknowledged.as_ref().expect("record");
+        let fallback = crate::envoy::fallback::last_acknowledged_config(acknowledged);
+        assert!(fallback.departed_clusters.is_empty());
+        fallback.validate().expect("valid");
+    }
+
     #[test]
     fn a_retained_peer_live_again_gets_what_it_alone_served_before_its_discovery_is_read() {
         let b_docs = documents("k8s-1.33");
         let gone = [RetainedView {
+            address: None,
             id: "apiserver-b",
             documents: &b_docs,
         }];

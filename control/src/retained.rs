@@ -3,8 +3,12 @@
 //! Pure: the live control plane and the tests hand it views, it returns what [`crate::plan`]
 //! routes, lists and marks.
 //!
-//! - A key only a departed apiserver served is **retained**: the filter answers 503, never the
-//!   local `404` a controller would act on.
+//! - A key only a departed apiserver served is **retained**: never the local `404` a controller
+//!   would act on. It goes to the departed apiservers that served it, at their last address,
+//!   when that is known: one that is back serves it at once, without waiting for its Lease to
+//!   be seen (an apiserver writes its Lease about when it gets ready, and the Lease takes a
+//!   few hundred milliseconds to become a route); while none answers, Envoy's connect failure
+//!   becomes the filter's retained 503. Without an address the filter answers 503 itself.
 //! - A group-version no live apiserver serves at all is **stale**: `freshness: Stale` in merged
 //!   discovery, and its legacy resource list answers 503. A resource missing from a group-version
 //!   that is live stays listed (from the departed apiserver's own document).
@@ -20,6 +24,7 @@ use skewgate_core::group_version::GroupVersion;
 
 use crate::discovery::documents::DiscoveryDocuments;
 use crate::discovery::ServedApis;
+use crate::envoy::Address;
 
 /// A peer apiserver that is gone (or not re-read yet) within the API retention: its last good
 /// discovery.
@@ -27,6 +32,11 @@ use crate::discovery::ServedApis;
 pub struct RetainedView<'a> {
     pub id: &'a str,
     pub documents: &'a DiscoveryDocuments,
+    /// Where it was last reached, if known: a departed apiserver's retained keys are sent
+    /// there ([`crate::routing`]'s departed clusters), so it serves them the moment it is back,
+    /// before its Lease is seen again; until then the connection fails and the answer is the
+    /// retained 503.
+    pub address: Option<&'a Address>,
 }
 
 /// What the retained apiservers add to what the live ones serve.
@@ -111,7 +121,11 @@ mod tests {
     use crate::test_fixtures::documents;
 
     fn view<'a>(id: &'a str, documents: &'a DiscoveryDocuments) -> RetainedView<'a> {
-        RetainedView { id, documents }
+        RetainedView {
+            id,
+            documents,
+            address: None,
+        }
     }
 
     fn ids<'a>(v: &[&'a str]) -> BTreeSet<&'a str> {

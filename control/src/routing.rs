@@ -23,6 +23,9 @@ pub const PEER_CLUSTER_PREFIX: &str = "skewgate-peers-";
 /// Prefix of every failover cluster name (the local apiserver, then the peers of the same
 /// hash); the rest is the hash of the peer ids, as for their peer cluster.
 pub const FAILOVER_CLUSTER_PREFIX: &str = "skewgate-failover-";
+/// Prefix of every departed cluster name (departed apiservers at their last address, for the
+/// retained keys they served); the rest is the hash of their ids, as for a peer cluster.
+pub const DEPARTED_CLUSTER_PREFIX: &str = "skewgate-departed-";
 
 /// A live peer apiserver and what it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +58,9 @@ pub struct RoutingTable {
     pub failover_clusters: BTreeMap<String, Vec<String>>,
     /// The failover set of every live peer, if any.
     pub failover_all: Option<String>,
+    /// Every set of departed apiservers a retained key goes to, by cluster name
+    /// ([`departed_cluster_name`]).
+    pub departed_clusters: BTreeMap<String, Vec<String>>,
 }
 
 impl RoutingTable {
@@ -87,6 +93,8 @@ pub struct RoutingPlan {
     pub config: FilterConfig,
     pub clusters: Vec<PeerCluster>,
     pub failover: Vec<PeerCluster>,
+    /// The departed sets (sorted by name; exactly the keys of `config.departed_clusters`).
+    pub departed: Vec<PeerCluster>,
 }
 
 impl RoutingPlan {
@@ -102,6 +110,7 @@ impl RoutingPlan {
         };
         let clusters = as_clusters(&table.peer_clusters);
         let failover = as_clusters(&table.failover_clusters);
+        let departed = as_clusters(&table.departed_clusters);
         RoutingPlan {
             config: FilterConfig {
                 schema: SCHEMA_VERSION,
@@ -113,11 +122,13 @@ impl RoutingPlan {
                 openapi_v3: extras.openapi_v3,
                 failover_clusters: table.failover_clusters,
                 failover_all: table.failover_all,
+                departed_clusters: table.departed_clusters,
                 // Only the bootstrap's copy has one (`crate::envoy::fallback`).
                 fallback: None,
             },
             clusters,
             failover,
+            departed,
         }
     }
 
@@ -138,6 +149,12 @@ pub fn peer_cluster_name<S: AsRef<str>>(peer_ids: &[S]) -> String {
 /// as [`peer_cluster_name`].
 pub fn failover_cluster_name<S: AsRef<str>>(peer_ids: &[S]) -> String {
     set_name(FAILOVER_CLUSTER_PREFIX, peer_ids)
+}
+
+/// The departed cluster name for a set of departed apiservers: [`DEPARTED_CLUSTER_PREFIX`] and
+/// the same hash as [`peer_cluster_name`].
+pub fn departed_cluster_name<S: AsRef<str>>(departed_ids: &[S]) -> String {
+    set_name(DEPARTED_CLUSTER_PREFIX, departed_ids)
 }
 
 /// The peer cluster a failover cluster falls back to (the same set of peers).
@@ -176,6 +193,32 @@ pub enum LocalFreshness {
     Unconfirmed,
 }
 
+/// What API retention adds to the live apiservers' routes ([`crate::retained`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RetainedRoutes<'a> {
+    /// Live peers whose discovery is not read yet, with what they alone served before: routed
+    /// like peers, but never part of a failover set (what they serve now is not known).
+    pub returning: &'a [Peer],
+    /// Keys retained apiservers served; those no live apiserver serves are emitted `retained`
+    /// (never the local 404).
+    pub keys: &'a ServedApis,
+    /// Departed apiservers with a known last address, with the retained keys they served: such
+    /// a key goes to their cluster ([`DEPARTED_CLUSTER_PREFIX`]), so one of them that is back
+    /// serves it; while none answers, the filter answers the retained 503.
+    pub departed: &'a [Peer],
+}
+
+static NOTHING_SERVED: ServedApis = ServedApis::new();
+
+impl RetainedRoutes<'static> {
+    /// Nothing retained (the static mode, tests).
+    pub const NONE: RetainedRoutes<'static> = RetainedRoutes {
+        returning: &[],
+        keys: &NOTHING_SERVED,
+        departed: &[],
+    };
+}
+
 /// Who serves one resource key.
 #[derive(Default)]
 struct Servers<'a> {
@@ -183,6 +226,8 @@ struct Servers<'a> {
     peers: BTreeSet<&'a str>,
     /// Only a retained apiserver (gone, within the retention) served it.
     retained: bool,
+    /// With `retained`: the departed apiservers with a known address that served it.
+    departed: BTreeSet<&'a str>,
 }
 
 /// Compute the routing table.
@@ -190,11 +235,7 @@ struct Servers<'a> {
 /// - `local`, `local_id`: the apiserver this Envoy fronts.
 /// - `peers`: the live peers only. A peer whose id equals `local_id` is ignored (we never route
 ///   to ourselves as a peer); two entries with the same id are merged.
-/// - `returning`: live peers whose discovery is not read yet, with what they alone served before
-///   ([`crate::retained`]): routed like peers, but never part of a failover set (what they
-///   serve now is not known).
-/// - `retained`: keys retained apiservers served; those no live apiserver serves are emitted
-///   `retained` (the filter answers 503 for them, never the local 404).
+/// - `retained`: what retention adds ([`RetainedRoutes`]).
 /// - `shared_storage`: (group, version) pairs served from shared storage (CRDs, APIServices):
 ///   emitted with `shared_storage: true` and no resources, so the filter always keeps them
 ///   local. Pairs nobody serves are not emitted (the filter keeps unknown group-versions local
@@ -207,11 +248,15 @@ pub fn build(
     local: &ServedApis,
     local_id: &str,
     peers: &[Peer],
-    returning: &[Peer],
-    retained: &ServedApis,
+    retained: RetainedRoutes<'_>,
     shared_storage: &BTreeSet<GroupVersion>,
     local_freshness: LocalFreshness,
 ) -> RoutingTable {
+    let RetainedRoutes {
+        returning,
+        keys: retained,
+        departed,
+    } = retained;
     // (group, version) -> key -> who serves it.
     let mut table: BTreeMap<(&str, &str), BTreeMap<&str, Servers<'_>>> = BTreeMap::new();
     for (group, version, keys) in local.iter() {
@@ -239,12 +284,25 @@ pub fn build(
             servers.retained = !servers.local && servers.peers.is_empty();
         }
     }
+    for gone in departed.iter().filter(|p| p.id != local_id) {
+        for (group, version, keys) in gone.served.iter() {
+            let Some(gv) = table.get_mut(&(group, version)) else {
+                continue;
+            };
+            for key in keys {
+                if let Some(servers) = gv.get_mut(key.as_str()).filter(|s| s.retained) {
+                    servers.departed.insert(gone.id.as_str());
+                }
+            }
+        }
+    }
 
     let mut peer_clusters: BTreeMap<String, Vec<String>> = BTreeMap::new();
     // Failover: while the local apiserver cannot be reached, a key it serves goes to the live
     // peers that serve it too; what every apiserver serves (non-resource paths, discovery,
     // shared storage) to every live peer.
     let mut failover_clusters: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut departed_clusters: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let live: BTreeSet<&str> = peers
         .iter()
         .filter(|p| p.id != local_id)
@@ -289,8 +347,17 @@ pub fn build(
                     failover_clusters.entry(name.clone()).or_insert(ids);
                     name
                 });
+                let departed_cluster =
+                    (servers.retained && !servers.departed.is_empty()).then(|| {
+                        let ids: Vec<String> =
+                            servers.departed.iter().map(|id| (*id).to_owned()).collect();
+                        let name = departed_cluster_name(&ids);
+                        departed_clusters.entry(name.clone()).or_insert(ids);
+                        name
+                    });
                 ResourceRoute {
                     retained: servers.retained,
+                    departed_cluster,
                     failover_cluster,
                     resource: key.to_owned(),
                     local: servers.local,
@@ -312,6 +379,7 @@ pub fn build(
         peer_clusters,
         failover_clusters,
         failover_all,
+        departed_clusters,
     }
 }
 
@@ -332,8 +400,10 @@ mod tests {
             local,
             local_id,
             peers,
-            &[],
-            retained,
+            RetainedRoutes {
+                keys: retained,
+                ..RetainedRoutes::NONE
+            },
             shared_storage,
             local_freshness,
         ))

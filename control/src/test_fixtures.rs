@@ -88,8 +88,7 @@ pub mod world {
                     served: served(c),
                 },
             ],
-            &[],
-            &Default::default(),
+            routing::RetainedRoutes::NONE,
             &BTreeSet::new(),
             LocalFreshness::Current,
         ))
@@ -203,6 +202,7 @@ pub mod rolling_upgrade {
             },
         ];
         let retained = [RetainedView {
+            address: None,
             id: "apiserver-d",
             documents: &departed,
         }];

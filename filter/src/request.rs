@@ -274,6 +274,7 @@ impl<H: Host> Request<H> {
                 let by = match by {
                     ServedBy::Local => "the local apiserver",
                     ServedBy::Peer => "a peer apiserver",
+                    ServedBy::Departed => "a departed apiserver back at its address",
                     ServedBy::Unknown => "the local apiserver (fallback configuration)",
                 };
                 let target = self.response.served.as_ref().map(|s| &s.target);
@@ -287,7 +288,8 @@ impl<H: Host> Request<H> {
                     ),
                 );
             }
-            ReplaceCause::MergedDiscovery => {}
+            // Counted (`skewgate_retained_unavailable_total`), as the filter's own retained 503.
+            ReplaceCause::MergedDiscovery | ReplaceCause::DepartedUnreachable { .. } => {}
         }
         apply(&mut self.host, Headers::Response, &replacement.headers)?;
         self.replacement = Some(replacement.body);

@@ -160,8 +160,7 @@ fn plan(local: &SimApiserver, peers: &[&SimApiserver]) -> Result<RoutingPlan> {
         &local.served()?,
         &local.id,
         &peers,
-        &[],
-        &Default::default(),
+        routing::RetainedRoutes::NONE,
         &Default::default(),
         routing::LocalFreshness::Current,
     )))

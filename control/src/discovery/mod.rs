@@ -461,8 +461,10 @@ pub struct ServedApis {
 }
 
 impl ServedApis {
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        ServedApis {
+            groups: BTreeMap::new(),
+        }
     }
 
     /// The model of one aggregated document.

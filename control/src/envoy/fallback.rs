@@ -119,7 +119,7 @@ pub fn read_acknowledged(dir: &Path) -> Result<Option<AcknowledgedConfig>, Strin
 }
 
 /// The acknowledged filter configuration as a fallback: every peer cluster renamed to its
-/// static copy, marked [`FallbackMode::LastAcknowledged`], local requests to the static local
+/// static copy, no departed cluster, marked [`FallbackMode::LastAcknowledged`], local requests to the static local
 /// clusters.
 pub fn last_acknowledged_config(acknowledged: &AcknowledgedConfig) -> FilterConfig {
     let mut config = acknowledged.filter_config.clone();
@@ -148,6 +148,14 @@ pub fn last_acknowledged_config(acknowledged: &AcknowledgedConfig) -> FilterConf
             if let Some(cluster) = &mut route.failover_cluster {
                 *cluster = rename(cluster);
             }
+        }
+    }
+    // Departed apiservers get no static copy: what they served answers the filter's retained
+    // 503 until the control plane is back (their addresses were never written down).
+    config.departed_clusters.clear();
+    for gv in &mut config.group_versions {
+        for route in &mut gv.resources {
+            route.departed_cluster = None;
         }
     }
     config.fallback = Some(Fallback {
@@ -201,6 +209,7 @@ pub fn local_only_config(local_apiserver: &str) -> FilterConfig {
         openapi_v3: Default::default(),
         failover_clusters: Default::default(),
         failover_all: None,
+        departed_clusters: Default::default(),
         fallback: Some(Fallback {
             mode: FallbackMode::LocalOnly,
             local_cluster: FALLBACK_LOCAL_CLUSTER.to_string(),

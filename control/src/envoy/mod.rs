@@ -71,6 +71,16 @@ pub struct Address {
     pub port: u16,
 }
 
+/// An IP address and port (a peer's, as its Lease gave it).
+impl From<std::net::SocketAddr> for Address {
+    fn from(address: std::net::SocketAddr) -> Self {
+        Address {
+            host: address.ip().to_string(),
+            port: address.port(),
+        }
+    }
+}
+
 /// `host:port`, IPv6 hosts in brackets: what [`Address::parse`] reads back.
 impl std::fmt::Display for Address {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

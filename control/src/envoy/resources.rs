@@ -96,7 +96,18 @@ pub enum Role {
     Local,
     /// Peer apiservers: each endpoint carries the loop guard's value for failover clusters.
     Peer,
+    /// Departed apiservers at their last address, for the retained keys they served: a
+    /// short connect timeout ([`DEPARTED_CONNECT_TIMEOUT`]), as a refused connection is the
+    /// expected answer.
+    Departed,
 }
+
+/// How long a connection to a departed apiserver may take to open. Its node may be off the
+/// network (no reset comes back), and every request for what it retained waits this long,
+/// three times (the route's retries), before its 503; a live apiserver on the control
+/// plane's network answers in milliseconds. Too short costs only the 503 the request got
+/// before departed clusters existed.
+pub const DEPARTED_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Where the clusters of a routing plan point.
 #[derive(Debug, Clone, Copy)]
@@ -126,18 +137,30 @@ pub fn peer_cluster_addresses(
         }))
         .collect();
     sets.into_iter()
-        .map(|(name, ids)| {
-            let addresses = ids
+        .map(|(name, ids)| Ok((name, addresses_of(ids, peers)?)))
+        .collect()
+}
+
+/// Each departed set of the plan: its cluster's base name and the last addresses of the
+/// departed apiservers behind it.
+pub fn departed_cluster_addresses(
+    plan: &RoutingPlan,
+    peers: &[(String, Address)],
+) -> Result<Vec<(String, Vec<Address>)>, EnvoyError> {
+    plan.departed
+        .iter()
+        .map(|set| Ok((set.name.clone(), addresses_of(&set.peer_ids, peers)?)))
+        .collect()
+}
+
+fn addresses_of(ids: &[String], peers: &[(String, Address)]) -> Result<Vec<Address>, EnvoyError> {
+    ids.iter()
+        .map(|id| {
+            peers
                 .iter()
-                .map(|id| {
-                    peers
-                        .iter()
-                        .find(|(peer, _)| peer == id)
-                        .map(|(_, address)| address.clone())
-                        .ok_or_else(|| EnvoyError::UnknownPeer(id.clone()))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok((name, addresses))
+                .find(|(peer, _)| peer == id)
+                .map(|(_, address)| address.clone())
+                .ok_or_else(|| EnvoyError::UnknownPeer(id.clone()))
         })
         .collect()
 }
@@ -165,10 +188,12 @@ pub fn variants<T>(
 }
 
 /// The three variants of `skewgate-local`, then those of each peer set (`peer_clusters`, from
-/// [`peer_cluster_addresses`]), then those of each failover cluster (`failover`: its base name
-/// and the base name of its peer cluster, one of `peer_clusters`).
+/// [`peer_cluster_addresses`]), then those of each departed set (`departed`, from
+/// [`departed_cluster_addresses`]), then those of each failover cluster (`failover`: its base
+/// name and the base name of its peer cluster, one of `peer_clusters`).
 pub fn clusters(
     peer_clusters: &[(String, Vec<Address>)],
+    departed: &[(String, Vec<Address>)],
     failover: &[(String, String)],
     inputs: &ClusterInputs<'_>,
 ) -> Result<Vec<Cluster>, EnvoyError> {
@@ -178,6 +203,9 @@ pub fn clusters(
     )?;
     out.extend(variants(peer_clusters, |name, addresses, auth| {
         cluster(name, addresses, auth, Role::Peer, inputs.upstream_sds)
+    })?);
+    out.extend(variants(departed, |name, addresses, auth| {
+        cluster(name, addresses, auth, Role::Departed, inputs.upstream_sds)
     })?);
     for (name, peers) in failover {
         for auth in UpstreamAuth::ALL {
@@ -472,7 +500,10 @@ pub fn cluster(
     Ok(Cluster {
         name: name.to_string(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(discovery_type as i32)),
-        connect_timeout: seconds(2),
+        connect_timeout: match role {
+            Role::Departed => Some(proto_duration(DEPARTED_CONNECT_TIMEOUT)),
+            Role::Local | Role::Peer => seconds(2),
+        },
         lb_policy: LbPolicy::RoundRobin as i32,
         load_assignment: Some(ClusterLoadAssignment {
             cluster_name: name.to_string(),
@@ -485,7 +516,7 @@ pub fn cluster(
         circuit_breakers: Some(circuit_breakers()),
         health_checks: match role {
             Role::Local => vec![local_health_check()],
-            Role::Peer => Vec::new(),
+            Role::Peer | Role::Departed => Vec::new(),
         },
         upstream_connection_options: Some(UpstreamConnectionOptions {
             tcp_keepalive: Some(TcpKeepalive {

@@ -711,6 +711,7 @@ impl Orchestrator {
                 self.retention
                     .seen(&p.id, &docs, p.first_seen, &mut changes);
             }
+            self.retention.reached_at(&p.id, Address::from(p.address));
         }
         // Before the first lease list nobody is known to be live, not even to have left.
         if set.synced {
@@ -747,14 +748,7 @@ impl Orchestrator {
         storage: &SharedStorage,
         fingerprint: &Fingerprint,
     ) -> Result<Plan, PlanError> {
-        let addresses: Vec<Address> = set
-            .peers
-            .iter()
-            .map(|p| Address {
-                host: p.address.ip().to_string(),
-                port: p.address.port(),
-            })
-            .collect();
+        let addresses: Vec<Address> = set.peers.iter().map(|p| Address::from(p.address)).collect();
         let views: Vec<ApiserverView<'_>> = fingerprint
             .peers
             .iter()
@@ -772,6 +766,7 @@ impl Orchestrator {
             .map(|r| RetainedView {
                 id: r.id,
                 documents: r.documents,
+                address: r.address,
             })
             .collect();
         plan(&PlanInputs {

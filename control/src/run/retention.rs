@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::discovery::DiscoveryDocuments;
+use crate::envoy::Address;
 use crate::peers::FirstSeen;
 
 /// kube-style default: long enough for a node's upgrade or reboot, short enough that a node taken
@@ -51,6 +52,12 @@ pub struct Entry {
     /// Its seniority under the cap; `None`: not known (a file of an older version), ranked
     /// after every known one.
     pub first_seen: Option<FirstSeen>,
+    /// Where it was last reached: its Lease's address while it was live
+    /// ([`Retention::reached_at`]). A departed server's retained APIs are sent there
+    /// ([`crate::retained`]), so it serves them again the moment it is back. Kept in memory
+    /// only: after a restart of the control plane the addresses a Lease gave are not trusted
+    /// from a file (the operator's CIDRs may have changed), and the retained 503 answers.
+    pub address: Option<Address>,
 }
 
 impl Entry {
@@ -65,6 +72,8 @@ impl Entry {
 pub struct Retained<'a> {
     pub id: &'a str,
     pub documents: &'a DiscoveryDocuments,
+    /// Where it was last reached, if known ([`Entry::address`]).
+    pub address: Option<&'a Address>,
     pub left_at: SystemTime,
     pub expires_at: SystemTime,
 }
@@ -144,6 +153,7 @@ impl Retention {
             documents: documents.clone(),
             left_at: None,
             first_seen: Some(first_seen),
+            address: self.entries.get(id).and_then(|e| e.address.clone()),
         };
         match self.entries.get(id) {
             // Same documents (by identity or content), still live, same seniority: nothing to
@@ -161,6 +171,14 @@ impl Retention {
         changes.remove.remove(id);
         changes.evicted.remove(id);
         changes.write.insert(id.to_string());
+    }
+
+    /// `id` is live at `address` (its Lease's, as checked by the peer address policy). Nothing
+    /// to write: addresses stay in memory ([`Entry::address`]).
+    pub fn reached_at(&mut self, id: &str, address: Address) {
+        if let Some(entry) = self.entries.get_mut(id) {
+            entry.address = Some(address);
+        }
     }
 
     /// `id` is no longer live (or not live at start): its APIs are retained from `now` on, if
@@ -246,6 +264,7 @@ impl Retention {
                 Some(Retained {
                     id,
                     documents: &e.documents,
+                    address: e.address.as_ref(),
                     left_at,
                     expires_at: expiry(left_at, self.window),
                 })
@@ -305,10 +324,23 @@ mod tests {
         r.seen("b", &old, FirstSeen(7), &mut c);
         assert_eq!(c.write, set(&["b"]));
         r.seen("b", &old, SENIOR, &mut c);
+        // Where it is reached: in memory only (nothing to write), kept across a new read.
+        let b_at = Address {
+            host: "10.0.0.2".into(),
+            port: 6443,
+        };
+        let mut c = Changes::default();
+        r.reached_at("b", b_at.clone());
+        r.reached_at("unknown", b_at.clone());
+        assert!(c.is_empty());
+        r.seen("b", &new, SENIOR, &mut c);
+        r.seen("b", &old, SENIOR, &mut c);
+        assert_eq!(r.entries().len(), 1, "an address alone keeps nothing");
 
-        // It leaves: retained, with its expiry.
+        // It leaves: retained, with its expiry and its last address.
         r.left_unless(&BTreeSet::new(), at(0), &mut c);
         assert_eq!(ids(&r), ["b"]);
+        assert_eq!(r.retained()[0].address, Some(&b_at));
         assert_eq!(r.retained()[0].expires_at, at(900));
         assert_eq!(r.next_expiry(at(100)), Some(Duration::from_secs(800)));
         // Leaving again keeps the first time.
@@ -405,6 +437,7 @@ mod tests {
     fn restored_entries_keep_their_time_and_unknown_seniority_ranks_last() {
         let docs = Arc::new(documents("k8s-1.33"));
         let entry = |left_at, first_seen| Entry {
+            address: None,
             documents: docs.clone(),
             left_at,
             first_seen,

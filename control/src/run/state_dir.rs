@@ -147,6 +147,7 @@ impl StateDir {
                     .left_at
                     .map(|secs| UNIX_EPOCH + Duration::from_secs(secs)),
                 first_seen: stored.first_seen_unix_nanos.map(FirstSeen),
+                address: None,
             };
             loaded.entries.insert(stored.id, entry);
             // Bounded while reading, not after: at most `limit + 1` copies in memory.

@@ -126,8 +126,7 @@ mod tests {
                 id: "b".into(),
                 served,
             }],
-            &[],
-            &Default::default(),
+            routing::RetainedRoutes::NONE,
             &BTreeSet::new(),
             routing::LocalFreshness::Current,
         ));

@@ -21,8 +21,8 @@ use skewgate_core::config::{FilterDialect, FilterFeature, Unreadable};
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
 use crate::envoy::fallback::AcknowledgedConfig;
 use crate::envoy::resources::{
-    clusters, failover_bases, filter_extension_config, peer_cluster_addresses, wasm_path,
-    ClusterInputs,
+    clusters, departed_cluster_addresses, failover_bases, filter_extension_config,
+    peer_cluster_addresses, wasm_path, ClusterInputs,
 };
 use crate::envoy::{Address, EnvoyError};
 use crate::routing::RoutingPlan;
@@ -158,7 +158,12 @@ impl Snapshot {
             upstream_sds: inputs.upstream_sds,
         };
         let snapshot = Self::new(
-            clusters(&peer_clusters, &failover_bases(plan), &cluster_inputs)?,
+            clusters(
+                &peer_clusters,
+                &departed_cluster_addresses(plan, inputs.peers)?,
+                &failover_bases(plan),
+                &cluster_inputs,
+            )?,
             [filter_extension_config(wasm, &plan.config.to_json())],
         );
         let acknowledged = AcknowledgedConfig {

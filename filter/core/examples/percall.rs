@@ -458,6 +458,7 @@ fn synthetic(real: &[u8], groups: usize) -> Result<Vec<u8>> {
             let kind = format!("Widget{r}");
             let plural = format!("widget{r}s");
             routes.push(ResourceRoute {
+                departed_cluster: None,
                 retained: false,
                 failover_cluster: None,
                 resource: plural.clone(),
@@ -465,6 +466,7 @@ fn synthetic(real: &[u8], groups: usize) -> Result<Vec<u8>> {
                 peer_cluster: None,
             });
             routes.push(ResourceRoute {
+                departed_cluster: None,
                 retained: false,
                 failover_cluster: None,
                 resource: format!("{plural}/status"),

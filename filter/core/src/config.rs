@@ -55,16 +55,24 @@ pub enum FilterFeature {
     /// [`FilterConfig::failover_all`], [`ResourceRoute::failover_cluster`]). Without it a filter
     /// sends local requests to the local apiserver only, as before.
     Failover,
+    /// Retained keys sent to the apiservers that departed with them, at their last address
+    /// ([`FilterConfig::departed_clusters`], [`ResourceRoute::departed_cluster`]): one that is
+    /// back answers at once, without waiting for its Lease to be seen; one that is not fails
+    /// the connection, and the answer is the retained 503. Without it a filter answers 503 for
+    /// every retained key itself, as before.
+    DepartedRoutes,
 }
 
 impl FilterFeature {
     /// Every optional feature this filter reads: what its bootstrap advertises.
-    pub const ALL: &'static [FilterFeature] = &[FilterFeature::Failover];
+    pub const ALL: &'static [FilterFeature] =
+        &[FilterFeature::Failover, FilterFeature::DepartedRoutes];
 
     /// The name a filter advertises for it.
     pub fn name(self) -> &'static str {
         match self {
             FilterFeature::Failover => "failover",
+            FilterFeature::DepartedRoutes => "departed-routes",
         }
     }
 
@@ -182,6 +190,11 @@ pub struct FilterConfig {
     /// those). `None` without live peers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover_all: Option<String>,
+    /// Envoy clusters (with their [`UpstreamAuth`] suffix) of departed apiservers at their last
+    /// address, by the sorted set of their ids: where a retained key they served goes
+    /// ([`ResourceRoute::departed_cluster`]; docs/ARCHITECTURE.md "API retention").
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub departed_clusters: BTreeMap<String, Vec<String>>,
     /// Set only in the configuration Envoy's bootstrap holds as the ECDS `default_config`: what
     /// the filter runs when the control plane did not configure it within the bootstrap's
     /// wait (`skewgate-control bootstrap --control-plane-wait`). The first configuration from
@@ -319,6 +332,11 @@ pub struct ResourceRoute {
     /// a request for it reaches one of them while the local apiserver cannot be reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover_cluster: Option<String>,
+    /// With `retained`: a key of [`FilterConfig::departed_clusters`], the departed apiservers
+    /// that served it, at their last address. A request goes there; if none of them answers,
+    /// the 503 is the retained one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub departed_cluster: Option<String>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -441,6 +459,8 @@ struct FilterConfigHead {
     #[serde(default)]
     failover_all: Option<String>,
     #[serde(default)]
+    departed_clusters: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
     fallback: Option<Fallback>,
 }
 
@@ -506,6 +526,7 @@ impl FilterConfig {
             openapi_v3: head.openapi_v3,
             failover_clusters: head.failover_clusters,
             failover_all: head.failover_all,
+            departed_clusters: head.departed_clusters,
             fallback: head.fallback,
         };
         config.validate()?;
@@ -545,6 +566,14 @@ impl FilterConfig {
                             .flat_map(|gv| &gv.resources)
                             .any(|r| r.failover_cluster.is_some())
                 }
+                FilterFeature::DepartedRoutes => {
+                    !self.departed_clusters.is_empty()
+                        || self
+                            .group_versions
+                            .iter()
+                            .flat_map(|gv| &gv.resources)
+                            .any(|r| r.departed_cluster.is_some())
+                }
             })
             .collect()
     }
@@ -562,6 +591,16 @@ impl FilterConfig {
                     .flat_map(|gv| &mut gv.resources)
                 {
                     route.failover_cluster = None;
+                }
+            }
+            FilterFeature::DepartedRoutes => {
+                self.departed_clusters.clear();
+                for route in self
+                    .group_versions
+                    .iter_mut()
+                    .flat_map(|gv| &mut gv.resources)
+                {
+                    route.departed_cluster = None;
                 }
             }
         }
@@ -630,6 +669,21 @@ impl FilterConfig {
             if peers.is_empty() {
                 return Err(ConfigError::Invalid(format!(
                     "failover cluster {name:?} has no apiservers"
+                )));
+            }
+        }
+        for (name, departed) in &self.departed_clusters {
+            if !valid_cluster_name(name)
+                || self.peer_clusters.contains_key(name)
+                || self.failover_clusters.contains_key(name)
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "departed cluster name {name:?} must be 1-{MAX_CLUSTER_NAME} visible ASCII characters and not a peer or failover cluster's"
+                )));
+            }
+            if departed.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "departed cluster {name:?} has no apiservers"
                 )));
             }
         }
@@ -727,6 +781,14 @@ impl FilterConfig {
                         gv.group, gv.version, r.resource
                     )));
                 }
+                if let Some(c) = &r.departed_cluster {
+                    if !r.retained || !self.departed_clusters.contains_key(c) {
+                        return Err(ConfigError::Invalid(format!(
+                            "{}/{}/{}: departed cluster {c:?} is not declared or the key is not retained",
+                            gv.group, gv.version, r.resource
+                        )));
+                    }
+                }
             }
         }
         Ok(())
@@ -803,6 +865,7 @@ mod tests {
 
     fn sample() -> FilterConfig {
         FilterConfig {
+            departed_clusters: Default::default(),
             fallback: None,
             pending_peers: Vec::new(),
             openapi_v3: BTreeMap::new(),
@@ -819,6 +882,7 @@ mod tests {
                 version: "v1beta2".into(),
                 shared_storage: false,
                 resources: vec![ResourceRoute {
+                    departed_cluster: None,
                     retained: false,
                     failover_cluster: None,
                     resource: "resourceclaims".into(),
@@ -1060,6 +1124,66 @@ mod tests {
         // Every feature this filter reads is one the control plane can drop; the sample uses
         // none.
         assert!(c.uses().is_empty());
+    }
+
+    /// A retained key with the departed apiserver that served it: valid only on a retained key
+    /// and a declared departed cluster of its own name, and dropped for a filter that does not
+    /// read departed routes (which then answers 503 itself, as before).
+    #[test]
+    fn departed_routes_are_checked_and_dropped_for_a_filter_that_does_not_read_them() {
+        let with_departed = |retained: bool, cluster: &str, declared: &str| {
+            let mut c = sample();
+            c.departed_clusters = BTreeMap::from([(declared.to_string(), vec!["c".to_string()])]);
+            c.group_versions[0].resources[0] = ResourceRoute {
+                resource: "resourceclaims".into(),
+                local: false,
+                peer_cluster: None,
+                retained,
+                failover_cluster: None,
+                departed_cluster: Some(cluster.into()),
+            };
+            c
+        };
+        let c = with_departed(true, "skewgate-departed-c", "skewgate-departed-c");
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(
+            FilterConfig::from_json(c.to_json().as_bytes()),
+            Ok(c.clone())
+        );
+        assert_eq!(
+            FilterConfig::routing_from_slice(c.to_json().as_bytes()).map(|r| r.config),
+            Ok(c.clone())
+        );
+        for (bad, why) in [
+            (
+                with_departed(false, "skewgate-departed-c", "skewgate-departed-c"),
+                "not retained",
+            ),
+            (
+                with_departed(true, "skewgate-departed-x", "skewgate-departed-c"),
+                "not declared",
+            ),
+            (
+                with_departed(true, "skewgate-peers-b", "skewgate-peers-b"),
+                "a peer cluster's name",
+            ),
+            (with_departed(true, "bad name", "bad name"), "not a name"),
+        ] {
+            assert!(bad.validate().is_err(), "{why}");
+        }
+        assert_eq!(c.uses(), BTreeSet::from([FilterFeature::DepartedRoutes]));
+        assert!(matches!(
+            c.for_dialect(&FilterDialect::this_filter()),
+            Ok(Cow::Borrowed(_))
+        ));
+        let Ok(Cow::Owned(older)) = c.for_dialect(&FilterDialect::unadvertised()) else {
+            panic!("not rendered again")
+        };
+        assert!(older.departed_clusters.is_empty());
+        let route = &older.group_versions[0].resources[0];
+        assert!(route.retained && route.departed_cluster.is_none());
+        assert_eq!(older.validate(), Ok(()));
+        assert!(older.uses().is_empty());
     }
 
     #[test]

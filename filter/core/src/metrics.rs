@@ -250,6 +250,7 @@ mod tests {
 
     fn config() -> FilterConfig {
         let r = |resource: &str| ResourceRoute {
+            departed_cluster: None,
             resource: resource.into(),
             local: false,
             peer_cluster: None,
@@ -257,6 +258,7 @@ mod tests {
             failover_cluster: None,
         };
         FilterConfig {
+            departed_clusters: Default::default(),
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),
             failover_clusters: Default::default(),

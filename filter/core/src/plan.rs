@@ -278,7 +278,7 @@ impl Forward<'_> {
                 HeaderOp::Remove("accept-encoding"),
             ]),
             Route::Table(Decision {
-                upstream: Upstream::Peer { .. },
+                upstream: Upstream::Peer { .. } | Upstream::Departed { .. },
                 ..
             }) => {
                 // The loop guard: the peer apiserver must serve this itself, never re-proxy.
@@ -354,10 +354,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
     if let Some(discovery) = &compiled.discovery {
         if let Some(gv) = discovery.unavailable(&method, &path) {
             let gvr = compiled.labels.of(&gv.group, &gv.version, "");
-            let reply = LocalReply::unavailable(&format!(
-                "no live apiserver serves {gv} now; the apiserver that served it is gone or \
-                 restarting (retry)"
-            ));
+            let reply = LocalReply::unavailable(&retained_message(gv));
             return RequestPlan::Unavailable {
                 method,
                 path,
@@ -403,10 +400,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
         return match plan {
             OpenApiPlan::Unavailable { gv } => {
                 let gvr = compiled.labels.of(&gv.group, &gv.version, "");
-                let reply = LocalReply::unavailable(&format!(
-                    "no live apiserver serves {gv} now; the apiserver that served it is gone or \
-                     restarting (retry)"
-                ));
+                let reply = LocalReply::unavailable(&retained_message(&gv));
                 RequestPlan::Unavailable {
                     method,
                     path,
@@ -481,6 +475,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
         // safety net applies as for the local apiserver.
         Upstream::LocalFirst { failover } => local_first(failover),
         Upstream::Peer { cluster } => (cluster, Some(ServedBy::Peer)),
+        Upstream::Departed { cluster } => (cluster, Some(ServedBy::Departed)),
         Upstream::Unavailable => {
             return unavailable(method, path, info, decision.reason, compiled);
         }
@@ -550,6 +545,15 @@ fn plan_openapi<'a>(
         .map(|gv| OpenApiPlan::Unavailable { gv: gv.clone() })
 }
 
+/// The message of every retained 503: the filter's own, and Envoy's reply for a request sent
+/// to departed apiservers none of which answered ([`ServedBy::Departed`]).
+fn retained_message(what: &dyn fmt::Display) -> String {
+    format!(
+        "no live apiserver serves {what} now; the apiserver that served it is gone or \
+         restarting (retry)"
+    )
+}
+
 /// The 503 for a request the routing table sends nowhere ([`Upstream::Unavailable`]).
 fn unavailable<'a>(
     method: Cow<'a, str>,
@@ -580,10 +584,7 @@ fn unavailable<'a>(
         _ => (
             Unavailable::Retained,
             Counter::Retained { gvr },
-            format!(
-                "no live apiserver serves {target} now; the apiserver that served it is gone or \
-                 restarting (retry)"
-            ),
+            retained_message(&target),
         ),
     };
     RequestPlan::Unavailable {
@@ -637,6 +638,9 @@ pub enum ServedBy {
     Local,
     /// [`Reason::ServedByPeer`].
     Peer,
+    /// [`Reason::Retained`], sent to the departed apiservers that served it
+    /// ([`Upstream::Departed`]): Envoy's own reply (no connection) is the retained 503.
+    Departed,
     /// Sent to the local apiserver by a fallback configuration: this Envoy has had no
     /// configuration from its control plane yet, so nobody knows whether a peer serves it.
     Unknown,
@@ -747,6 +751,9 @@ pub enum ReplaceCause {
     /// serves: our view of it is out of date (it restarted on another version), so the
     /// client gets a 503 with `Retry-After` to retry, not a 404 to read as "gone".
     NotServed { by: ServedBy },
+    /// A retained key went to the departed apiservers that served it and Envoy replied
+    /// `envoy_code` itself (none of them answered): the client gets the retained 503.
+    DepartedUnreachable { envoy_code: u16 },
 }
 
 /// A response to replace.
@@ -843,10 +850,12 @@ impl ResponsePlan {
     /// status the client gets (after any replacement), as upstream counts it.
     pub fn rerouted(&self, compiled: &CompiledConfig, code: u16) -> Option<Counter> {
         match &self.served {
-            Some(served) if served.by == ServedBy::Peer => Some(Counter::Rerouted {
-                code,
-                gvr: served.label(&compiled.labels),
-            }),
+            Some(served) if matches!(served.by, ServedBy::Peer | ServedBy::Departed) => {
+                Some(Counter::Rerouted {
+                    code,
+                    gvr: served.label(&compiled.labels),
+                })
+            }
             _ => None,
         }
     }
@@ -934,6 +943,9 @@ impl ResponsePlan {
         if let Some(replacement) = self.not_served(compiled, code, details, content_type) {
             return ResponseDecision::Replace(replacement);
         }
+        if let Some(replacement) = self.departed_unreachable(compiled, code, details) {
+            return ResponseDecision::Replace(replacement);
+        }
         // Formatted only for a reply Envoy made for a peer-bound request.
         let peer_target = match &self.served {
             Some(
@@ -973,6 +985,38 @@ impl ResponsePlan {
         })
     }
 
+    /// A retained key sent to the departed apiservers that served it, and Envoy answered
+    /// itself (no connection, a reset, a timeout): none of them is back, so the answer is the
+    /// retained 503, as if the filter had sent it nowhere.
+    fn departed_unreachable<'c>(
+        &self,
+        compiled: &CompiledConfig,
+        code: u16,
+        details: &str,
+    ) -> Option<Replacement<'c>> {
+        let served = self.served.as_ref()?;
+        if served.by != ServedBy::Departed
+            || details.is_empty()
+            || details == local_reply::VIA_UPSTREAM
+        {
+            return None;
+        }
+        Some(Replacement {
+            cause: ReplaceCause::DepartedUnreachable { envoy_code: code },
+            status: 503,
+            headers: vec![
+                HeaderOp::Set(":status", Cow::Borrowed("503")),
+                HeaderOp::Set("content-type", Cow::Borrowed(status::CONTENT_TYPE)),
+                HeaderOp::Remove("content-length"),
+                HeaderOp::Set("retry-after", Cow::Borrowed(status::RETRY_AFTER)),
+            ],
+            body: ReplacementBody::Status(status::unavailable(&retained_message(&served.target))),
+            counter: Some(Counter::Retained {
+                gvr: served.label(&compiled.labels),
+            }),
+        })
+    }
+
     /// The 404 safety net: an apiserver the routing table says serves the request answered
     /// `404 page not found`.
     fn not_served<'c>(
@@ -990,7 +1034,9 @@ impl ResponsePlan {
         }
         let rewrite = match served.by {
             ServedBy::Unknown => local_reply::not_known(&served.target.to_string()),
-            ServedBy::Local | ServedBy::Peer => local_reply::not_served(&served.target.to_string()),
+            ServedBy::Local | ServedBy::Peer | ServedBy::Departed => {
+                local_reply::not_served(&served.target.to_string())
+            }
         };
         Some(Replacement {
             cause: ReplaceCause::NotServed { by: served.by },
@@ -1068,6 +1114,7 @@ mod tests {
 
     fn compiled(discovery: bool) -> CompiledConfig {
         let route = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
+            departed_cluster: None,
             retained: false,
             failover_cluster: None,
             resource: resource.into(),
@@ -1081,6 +1128,7 @@ mod tests {
             resources,
         };
         CompiledConfig::compile(&FilterConfig {
+            departed_clusters: Default::default(),
             fallback: None,
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),
@@ -1467,7 +1515,12 @@ mod tests {
     /// apiserver that served them is gone), with a peer serving `v1beta2`, and `pending` peers
     /// whose discovery is not known yet.
     fn failsafe(pending: &[&str]) -> CompiledConfig {
+        CompiledConfig::compile(&failsafe_config(pending))
+    }
+
+    fn failsafe_config(pending: &[&str]) -> FilterConfig {
         let route = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
+            departed_cluster: None,
             retained: false,
             failover_cluster: None,
             resource: resource.into(),
@@ -1486,6 +1539,7 @@ mod tests {
             resources,
         };
         let config = FilterConfig {
+            departed_clusters: Default::default(),
             fallback: None,
             pending_peers: pending.iter().map(|p| p.to_string()).collect(),
             openapi_v3: Default::default(),
@@ -1528,7 +1582,112 @@ mod tests {
             }),
         };
         config.validate().unwrap();
+        config
+    }
+
+    /// [`failsafe`] with `resource.k8s.io/v1beta3` retained from a departed apiserver `c`
+    /// whose last address is known.
+    fn departed() -> CompiledConfig {
+        let mut config = failsafe_config(&[]);
+        config.departed_clusters =
+            BTreeMap::from([("skewgate-departed-c".to_string(), vec!["c".to_string()])]);
+        for gv in &mut config.group_versions {
+            for route in &mut gv.resources {
+                if gv.version == "v1beta3" {
+                    route.departed_cluster = Some("skewgate-departed-c".into());
+                }
+            }
+        }
+        config.validate().unwrap();
         CompiledConfig::compile(&config)
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn a_retained_key_goes_to_its_departed_apiserver_whose_silence_is_the_retained_503() {
+        const RETAINED: &str = "no live apiserver serves resource.k8s.io/v1beta3, Resource=resourceclaims now; the apiserver that served it is gone or restarting (retry)";
+        let c = departed();
+        let headers = [
+            (":method", "GET"),
+            (
+                ":path",
+                "/apis/resource.k8s.io/v1beta3/namespaces/d/resourceclaims/x",
+            ),
+        ];
+        let RequestPlan::Forward(forward) = plan_request(&headers, None, &c) else {
+            panic!("not forwarded")
+        };
+        assert_eq!(forward.cluster, "skewgate-departed-c-anonymous");
+        assert_eq!(
+            forward.route,
+            Route::Table(Decision {
+                upstream: Upstream::Departed {
+                    cluster: "skewgate-departed-c"
+                },
+                reason: Reason::Retained,
+            })
+        );
+        // The loop guard: a departed apiserver that is back serves it itself.
+        assert!(forward
+            .header_ops()
+            .contains(&HeaderOp::Set(PEER_PROXIED, Cow::Borrowed("true"))));
+        let response = forward.response;
+        assert_eq!(
+            response.served.as_ref().map(|s| s.by),
+            Some(ServedBy::Departed)
+        );
+
+        // Envoy's own replies (no connection, a reset, a timeout): the retained 503.
+        for (code, details) in [
+            (503, "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}"),
+            (503, "upstream_reset_before_response_started{connection_failure}"),
+            (503, "no_healthy_upstream"),
+            (504, "upstream_response_timeout"),
+        ] {
+            let ResponseDecision::Replace(r) = response.decide(&c, code, details, None) else {
+                panic!("{details}: not replaced")
+            };
+            assert_eq!(r.cause, ReplaceCause::DepartedUnreachable { envoy_code: code });
+            assert_eq!(r.status, 503);
+            assert!(r
+                .headers
+                .contains(&HeaderOp::Set("retry-after", Cow::Borrowed(status::RETRY_AFTER))));
+            assert!(matches!(r.counter, Some(Counter::Retained { .. })), "{details}");
+            let body = String::from_utf8(r.body.bytes(&c).to_vec()).unwrap();
+            assert!(body.contains(RETAINED), "{body}");
+        }
+        // It is back and answers: its answer stands, counted as rerouted.
+        const VIA: &str = local_reply::VIA_UPSTREAM;
+        assert_eq!(response.decide(&c, 200, VIA, None), ResponseDecision::Pass);
+        assert!(matches!(
+            response.rerouted(&c, 200),
+            Some(Counter::Rerouted { code: 200, .. })
+        ));
+        assert_eq!(
+            response.decide(&c, 404, VIA, Some(b"application/json")),
+            ResponseDecision::Pass,
+            "a missing object's 404 from the apiserver that serves the resource stands"
+        );
+        // Back on a version that no longer serves it: `404 page not found` is a 503.
+        let ResponseDecision::Replace(r) =
+            response.decide(&c, 404, VIA, Some(b"text/plain; charset=utf-8"))
+        else {
+            panic!("page not found passed")
+        };
+        assert_eq!(
+            r.cause,
+            ReplaceCause::NotServed {
+                by: ServedBy::Departed
+            }
+        );
+        assert_eq!(r.status, 503);
+
+        // Without the departed cluster (no address known): the filter's own 503, as before.
+        let RequestPlan::Unavailable { cause, .. } = plan_request(&headers, None, &failsafe(&[]))
+        else {
+            panic!("forwarded")
+        };
+        assert_eq!(cause, Unavailable::Retained);
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]
@@ -1876,6 +2035,7 @@ mod tests {
     fn a_local_only_fallback_sends_everything_to_its_static_local_clusters() {
         use crate::config::{Fallback, FALLBACK_LOCAL_CLUSTER};
         let config = FilterConfig {
+            departed_clusters: Default::default(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::new(),
@@ -1957,6 +2117,7 @@ mod tests {
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn openapi_root_stays_local_and_peer_only_documents_go_to_the_peer() {
         let mut config = FilterConfig {
+            departed_clusters: Default::default(),
             fallback: None,
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),

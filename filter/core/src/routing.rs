@@ -25,6 +25,11 @@ pub enum Upstream<'a> {
     LocalFirst { failover: &'a str },
     /// An Envoy cluster whose endpoints are the peer apiservers serving the resource.
     Peer { cluster: &'a str },
+    /// An Envoy cluster of the departed apiservers that served a retained key, at their last
+    /// address ([`FilterConfig::departed_clusters`]): one that is back answers (its Lease may
+    /// not be seen yet); while none is, the connection fails and the filter answers the
+    /// retained 503.
+    Departed { cluster: &'a str },
     /// Nowhere: no live apiserver is known to serve it now, but one may (a retained resource,
     /// or a peer whose discovery is not known yet). The filter answers 503 with `Retry-After`
     /// itself: a retryable 503 is always safer than a false 404.
@@ -47,7 +52,8 @@ pub enum Reason {
     /// Nobody serves it; the local 404 is the truth.
     ServedByNobody,
     /// No live apiserver serves it now, but one that did is gone or not re-read yet
-    /// ([`ResourceRoute::retained`](crate::config::ResourceRoute::retained)): 503.
+    /// ([`ResourceRoute::retained`](crate::config::ResourceRoute::retained)): 503, or the
+    /// departed apiservers that served it if they answer ([`Upstream::Departed`]).
     Retained,
     /// No known apiserver serves it, but a live peer's discovery is not known yet
     /// ([`FilterConfig::pending_peers`]): that peer may serve it, so 503 rather than the local
@@ -80,6 +86,8 @@ struct Served {
     peer: Option<usize>,
     /// Nobody now, but a server that did is gone or not re-read yet.
     retained: bool,
+    /// With `retained`: index into [`RoutingTable::departed_clusters`].
+    departed: Option<usize>,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +111,8 @@ pub struct RoutingTable {
     failover_clusters: Vec<String>,
     /// Index into `failover_clusters` of [`FilterConfig::failover_all`].
     failover_all: Option<usize>,
+    /// [`FilterConfig::departed_clusters`], by name.
+    departed_clusters: Vec<String>,
     groups: HashMap<String, HashMap<String, GroupVersionEntry>>,
     /// [`FilterConfig::pending_peers`]: while any is listed, "served by nobody" is not known.
     pending_peers: Vec<String>,
@@ -116,6 +126,8 @@ impl RoutingTable {
         let cluster_index = |name: &str| clusters.iter().position(|c| c == name);
         let failover_clusters: Vec<String> = config.failover_clusters.keys().cloned().collect();
         let failover_index = |name: &str| failover_clusters.iter().position(|c| c == name);
+        let departed_clusters: Vec<String> = config.departed_clusters.keys().cloned().collect();
+        let departed_index = |name: &str| departed_clusters.iter().position(|c| c == name);
         let mut groups: HashMap<String, HashMap<String, GroupVersionEntry>> = HashMap::new();
         for gv in &config.group_versions {
             let entry = if gv.shared_storage {
@@ -128,6 +140,7 @@ impl RoutingTable {
                         failover: r.failover_cluster.as_deref().and_then(failover_index),
                         peer: r.peer_cluster.as_deref().and_then(cluster_index),
                         retained: r.retained,
+                        departed: r.departed_cluster.as_deref().and_then(departed_index),
                     };
                     match r.resource.split_once('/') {
                         Some((res, sub)) => {
@@ -155,6 +168,7 @@ impl RoutingTable {
             clusters,
             failover_clusters,
             failover_all,
+            departed_clusters,
             groups,
             pending_peers: config.pending_peers.clone(),
         }
@@ -261,8 +275,12 @@ impl RoutingTable {
             return Some(self.local_first(served.failover, Reason::ServedLocally));
         }
         if served.retained {
+            let upstream = match served.departed.and_then(|i| self.departed_clusters.get(i)) {
+                Some(cluster) => Upstream::Departed { cluster },
+                None => Upstream::Unavailable,
+            };
             return Some(Decision {
-                upstream: Upstream::Unavailable,
+                upstream,
                 reason: Reason::Retained,
             });
         }
@@ -295,6 +313,7 @@ mod tests {
 
     fn route(resource: &str, local: bool, peer: Option<&str>) -> ResourceRoute {
         ResourceRoute {
+            departed_cluster: None,
             retained: false,
             failover_cluster: None,
             resource: resource.into(),
@@ -315,6 +334,7 @@ mod tests {
     /// A 1.30 local apiserver with a 1.33 peer (cluster "p133") and a second peer set.
     fn table() -> RoutingTable {
         let config = FilterConfig {
+            departed_clusters: Default::default(),
             fallback: None,
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),
@@ -574,6 +594,7 @@ mod tests {
     /// their discovery is not known yet.
     fn failsafe_table(pending: &[&str]) -> RoutingTable {
         let config = FilterConfig {
+            departed_clusters: Default::default(),
             fallback: None,
             pending_peers: pending.iter().map(|p| p.to_string()).collect(),
             openapi_v3: Default::default(),
@@ -768,6 +789,7 @@ mod tests {
         let mut pods = route("pods", true, None);
         pods.failover_cluster = Some("fall-b".into());
         let config = FilterConfig {
+            departed_clusters: Default::default(),
             fallback: None,
             pending_peers: Vec::new(),
             openapi_v3: Default::default(),

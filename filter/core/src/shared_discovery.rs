@@ -630,6 +630,7 @@ mod tests {
         use crate::plan::{CompiledConfig, HeaderOp, ReplaceCause, Replacement, ReplacementBody};
         let store = Memory::default();
         let routing = FilterConfig {
+            departed_clusters: Default::default(),
             schema: SCHEMA_VERSION,
             local_apiserver: "apiserver-a".into(),
             peer_clusters: BTreeMap::new(),

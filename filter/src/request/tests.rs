@@ -50,6 +50,7 @@ fn compiled() -> Rc<Configured> {
 /// served `resource.k8s.io/v1beta3` and `pods/resize` is gone: they are retained.
 fn compiled_with(pending: &[&str]) -> Rc<Configured> {
     let resource = |resource: &str, local: bool, peer: Option<&str>| ResourceRoute {
+        departed_cluster: None,
         resource: resource.into(),
         local,
         peer_cluster: peer.map(str::to_string),
@@ -68,6 +69,7 @@ fn compiled_with(pending: &[&str]) -> Rc<Configured> {
         resources,
     };
     let config = FilterConfig {
+        departed_clusters: Default::default(),
         fallback: None,
         pending_peers: pending.iter().map(|p| p.to_string()).collect(),
         failover_clusters: Default::default(),
