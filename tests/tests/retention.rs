@@ -33,9 +33,10 @@ fn freshness_of(apis: &str, group: &str, version: &str) -> Option<Option<String>
 }
 
 /// The only apiserver serving resource.k8s.io/v1beta2 dies past the lease grace (its API
-/// retained: 503) and comes back serving its resources but not yet its discovery: the moment of a
-/// rolling upgrade between its new Lease and the control plane's next read of its discovery. Its
-/// resources go to it at once, not to a 503; discovery keeps them Stale until it is read.
+/// retained: 503) and comes back, at another address, serving its resources but not yet its
+/// discovery: the moment of a rolling upgrade between its new Lease and the control plane's next
+/// read of its discovery. Its resources go to it (its Lease's address) at once, not to a 503;
+/// discovery keeps them Stale until it is read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retained_peer_back_serves_what_it_alone_served_before_its_discovery_is_read(
 ) -> Result<()> {
@@ -61,8 +62,11 @@ async fn a_retained_peer_back_serves_what_it_alone_served_before_its_discovery_i
     .with_context(|| control.log())?;
     assert_eq!(get(&envoy, CLAIMS).await?.0, 503, "retained: 503");
 
-    // Back at the same address, its discovery answering 503 for longer than this test runs.
+    // Back at another address (its new Lease says where; at its last one, the departed route
+    // would serve it before any Lease is seen), its discovery answering 503 for longer than this
+    // test runs.
     let mut opts = b.options().context("b's options")?.clone();
+    opts.listen = "127.0.0.1:0".into();
     opts.extra_args
         .push("--discovery-unavailable-for=120s".to_string());
     b = SimApiserver::start_with(opts).await?;
@@ -94,6 +98,94 @@ async fn a_retained_peer_back_serves_what_it_alone_served_before_its_discovery_i
     );
     // What the local apiserver serves stays local; what nobody serves is still its 404.
     assert_eq!(get(&envoy, DEPLOYMENTS).await?, (200, "apiserver-a".into()));
+    drop(b);
+    Ok(())
+}
+
+/// The only apiserver serving resource.k8s.io/v1beta2 stops renewing its Lease past the grace
+/// while it keeps serving: it departed, and its API is retained (listed Stale). Its resources
+/// still go to its last address, so while it answers it serves them (never a 503 then). It
+/// stops: the retained 503 with Retry-After. It comes back at the same address with no Lease at
+/// all: served by it at once, without waiting for a Lease to become a route (in a rolling
+/// upgrade the Lease and readiness come about together, and the Lease-to-route time was the
+/// last window of avoidable 503s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_departed_apiserver_serves_what_it_retained_whenever_it_answers_at_its_last_address(
+) -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a = SimApiserver::start_with(shared("apiserver-a", "k8s-1.30", &etcd)).await?;
+    let mut b = SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd)).await?;
+    let mut control = Control::new(&a, dir.path(), &["--api-retention=300s"])?;
+    let envoy = start_routed_to_b(&mut control).await?;
+    let b_lease = b.lease_name();
+
+    b.toggle_lease_renewal()?;
+    eventually(
+        "b's Lease lapsed: its API is retained",
+        GRACE + Duration::from_secs(15),
+        || async {
+            let skew = control.skew().await?;
+            Ok((skew["retained"][0]["id"] == b_lease.as_str()).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| control.log())?;
+    eventually(
+        "merged discovery lists it Stale",
+        Duration::from_secs(10),
+        || async {
+            let (_, body) = apis(&envoy).await?;
+            Ok((freshness_of(&body, "resource.k8s.io", "v1beta2")
+                == Some(Some("Stale".to_string())))
+            .then_some(()))
+        },
+    )
+    .await
+    .with_context(|| control.log())?;
+    // Departed, yet answering at its last address: served by it.
+    for _ in 0..5 {
+        assert_eq!(
+            get(&envoy, CLAIMS).await?,
+            (200, "apiserver-b".to_string()),
+            "{}",
+            control.log()
+        );
+    }
+    assert_eq!(get(&envoy, DEPLOYMENTS).await?, (200, "apiserver-a".into()));
+
+    // Gone: the retained 503, with Retry-After, never the local 404.
+    b.stop().await?;
+    let resp = client().get(url(&envoy, CLAIMS)).send().await?;
+    assert_eq!(resp.status(), 503);
+    assert!(!header(&resp, "retry-after").is_empty(), "Retry-After");
+    let body = resp.text().await?;
+    assert!(
+        body.contains("ServiceUnavailable")
+            && body.contains("no live apiserver serves resource.k8s.io/v1beta2"),
+        "{body}"
+    );
+
+    // Back at the same address, with no Lease: served by it at once.
+    let mut opts = b.options().context("b's options")?.clone();
+    opts.lease = false;
+    b = SimApiserver::start_with(opts).await?;
+    let took = routed(
+        &envoy,
+        &control,
+        CLAIMS,
+        (200, "apiserver-b"),
+        Duration::from_secs(5),
+    )
+    .await?;
+    eprintln!("b back at its last address without a Lease: served by it after {took:?}");
+    let skew = control.skew().await?;
+    assert_eq!(
+        skew["retained"][0]["id"],
+        b_lease.as_str(),
+        "still departed (no Lease): {skew}"
+    );
     drop(b);
     Ok(())
 }
