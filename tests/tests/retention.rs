@@ -144,6 +144,13 @@ async fn a_departed_apiserver_serves_what_it_retained_whenever_it_answers_at_its
     )
     .await
     .with_context(|| control.log())?;
+    let skew = control.skew().await?;
+    let b_address = b.options().context("b's options")?.listen.clone();
+    assert_eq!(
+        skew["retained"][0]["sent_to"],
+        b_address.as_str(),
+        "its last address: {skew}"
+    );
     // Departed, yet answering at its last address: served by it.
     for _ in 0..5 {
         assert_eq!(
@@ -303,6 +310,10 @@ async fn a_dead_peers_api_is_retained_until_it_returns_or_the_window_passes() ->
         b.lease_name().as_str(),
         "after a restart: {skew}"
     );
+    assert!(
+        skew["retained"][0]["sent_to"].is_null(),
+        "a Lease's address is not kept across a restart: {skew}"
+    );
     let (_, body) = apis(&envoy).await?;
     assert_eq!(
         freshness_of(&body, "resource.k8s.io", "v1beta2"),
@@ -310,7 +321,8 @@ async fn a_dead_peers_api_is_retained_until_it_returns_or_the_window_passes() ->
     );
     assert_eq!(get(&envoy, CLAIMS).await?.0, 503);
 
-    // b comes back: served by it again at once, and nothing is Stale.
+    // b comes back: served by it again at once (its Lease is live again: before its discovery
+    // is read), and nothing is Stale once its discovery is read.
     b.restart(None).await?;
     let took = routed(
         &envoy,
@@ -320,12 +332,16 @@ async fn a_dead_peers_api_is_retained_until_it_returns_or_the_window_passes() ->
         Duration::from_secs(20),
     )
     .await?;
-    let (_, body) = apis(&envoy).await?;
-    assert_eq!(
-        freshness_of(&body, "resource.k8s.io", "v1beta2"),
-        Some(Some("Current".to_string())),
-        "Current again"
-    );
+    eventually("Current again", Duration::from_secs(10), || async {
+        let (_, body) = apis(&envoy).await?;
+        Ok(
+            (freshness_of(&body, "resource.k8s.io", "v1beta2")
+                == Some(Some("Current".to_string())))
+            .then_some(()),
+        )
+    })
+    .await
+    .with_context(|| control.log())?;
     eprintln!("b back: routed to it {took:?} after its restart");
 
     // b crashes for good: retained until the window passes, then the local 404 is the truth.

@@ -591,21 +591,22 @@ impl Orchestrator {
                 .map(|d| d.as_secs())
                 .unwrap_or_default()
         };
-        let times: BTreeMap<&str, (SystemTime, SystemTime)> = self
+        let times: BTreeMap<&str, (SystemTime, SystemTime, Option<&Address>)> = self
             .retention
             .retained()
             .iter()
-            .map(|r| (r.id, (r.left_at, r.expires_at)))
+            .map(|r| (r.id, (r.left_at, r.expires_at, r.address)))
             .collect();
         planned
             .retained
             .iter()
             .filter_map(|(id, served)| {
-                let (left, expires) = times.get(id.as_str())?;
+                let (left, expires, address) = times.get(id.as_str())?;
                 Some(RetainedStatus {
                     id: id.clone(),
                     left_unix_seconds: unix(*left),
                     expires_unix_seconds: unix(*expires),
+                    sent_to: address.map(Address::to_string),
                     resources: served
                         .iter()
                         .flat_map(|(g, v, keys)| {
