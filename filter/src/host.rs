@@ -1,5 +1,5 @@
-//! The host, behind a trait: the real proxy-wasm host calls in [`ProxyHost`], a recording fake
-//! in the tests.
+//! The core pipeline's [`Host`] trait by the proxy-wasm host calls ([`ProxyHost`]); the core's
+//! tests use a recording fake.
 //!
 //! Host calls that cannot panic: proxy-wasm's trait helpers `unwrap()` every host result and
 //! decode header values as UTF-8 with `unwrap()`: a client sending one obs-text byte in a header
@@ -11,55 +11,19 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, Bytes, MapType, MetricType, Status};
+use skewgate_core::pipeline::{Headers, Host, HostError, Level};
 use skewgate_core::shared_discovery::{SharedData, StoreError, Versioned};
 
-/// Which header map.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Headers {
-    Request,
-    Response,
+/// The host's status code, for the core.
+fn host_error(status: Status) -> HostError {
+    HostError(status as u32)
 }
 
-impl Headers {
-    fn map_type(self) -> MapType {
-        match self {
-            Headers::Request => MapType::HttpRequestHeaders,
-            Headers::Response => MapType::HttpResponseHeaders,
-        }
+fn map_type(map: Headers) -> MapType {
+    match map {
+        Headers::Request => MapType::HttpRequestHeaders,
+        Headers::Response => MapType::HttpResponseHeaders,
     }
-}
-
-/// Everything a request asks of the host. Each call but `log` crosses the VM boundary.
-pub trait Host {
-    /// All request header names and raw values, in one crossing.
-    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, Status>;
-    fn response_header(&mut self, name: &str) -> Result<Option<Bytes>, Status>;
-    fn property(&mut self, path: &[&str]) -> Result<Option<Bytes>, Status>;
-    /// Sets the header to `value`, replacing every value; `None` removes it.
-    fn set_header(&mut self, map: Headers, name: &str, value: Option<&str>) -> Result<(), Status>;
-    /// Adds a value (a header may repeat).
-    fn add_header(&mut self, map: Headers, name: &str, value: &str) -> Result<(), Status>;
-    /// Make Envoy re-evaluate the route after we changed the headers it routes on.
-    fn clear_route_cache(&mut self) -> Result<(), Status>;
-    /// Answer the request here; Envoy stops it from going upstream.
-    fn send_response(
-        &mut self,
-        status: u32,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> Result<(), Status>;
-    /// Replace the first `size` bytes of the response body chunk at hand with `body`.
-    fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), Status>;
-    /// The first `size` bytes of the response body buffered so far.
-    fn response_body(&mut self, size: usize) -> Result<Option<Bytes>, Status>;
-    /// Define a counter named `name` (Envoy: `wasmcustom.<name>`); its id.
-    fn define_metric(&mut self, name: &str) -> Result<u32, Status>;
-    fn increment_metric(&mut self, id: u32) -> Result<(), Status>;
-    /// The host's clock, as time since the Unix epoch.
-    fn now(&mut self) -> Result<Duration, Status>;
-    fn log(&mut self, level: log::Level, message: fmt::Arguments<'_>);
-    /// Envoy's process-wide shared data, where merged discovery documents are kept.
-    fn shared_data(&self) -> &dyn SharedData;
 }
 
 /// The Envoy host, through proxy-wasm's `hostcalls`.
@@ -67,29 +31,37 @@ pub trait Host {
 pub struct ProxyHost;
 
 impl Host for ProxyHost {
-    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, Status> {
-        hostcalls::get_map_bytes(MapType::HttpRequestHeaders)
+    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, HostError> {
+        hostcalls::get_map_bytes(MapType::HttpRequestHeaders).map_err(host_error)
     }
 
-    fn response_header(&mut self, name: &str) -> Result<Option<Bytes>, Status> {
-        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
+    fn response_header(&mut self, name: &str) -> Result<Option<Bytes>, HostError> {
+        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).map_err(host_error)
     }
 
-    fn property(&mut self, path: &[&str]) -> Result<Option<Bytes>, Status> {
-        hostcalls::get_property(path.to_vec())
+    fn property(&mut self, path: &[&str]) -> Result<Option<Bytes>, HostError> {
+        hostcalls::get_property(path.to_vec()).map_err(host_error)
     }
 
-    fn set_header(&mut self, map: Headers, name: &str, value: Option<&str>) -> Result<(), Status> {
-        hostcalls::set_map_value_bytes(map.map_type(), name, value.map(str::as_bytes))
+    fn set_header(
+        &mut self,
+        map: Headers,
+        name: &str,
+        value: Option<&str>,
+    ) -> Result<(), HostError> {
+        hostcalls::set_map_value_bytes(map_type(map), name, value.map(str::as_bytes))
+            .map_err(host_error)
     }
 
-    fn add_header(&mut self, map: Headers, name: &str, value: &str) -> Result<(), Status> {
-        hostcalls::add_map_value_bytes(map.map_type(), name, value.as_bytes())
+    fn add_header(&mut self, map: Headers, name: &str, value: &str) -> Result<(), HostError> {
+        hostcalls::add_map_value_bytes(map_type(map), name, value.as_bytes()).map_err(host_error)
     }
 
     /// proxy-wasm 0.2.5 has no helper; Envoy registers this foreign function for exactly that.
-    fn clear_route_cache(&mut self) -> Result<(), Status> {
-        hostcalls::call_foreign_function("clear_route_cache", None).map(|_| ())
+    fn clear_route_cache(&mut self) -> Result<(), HostError> {
+        hostcalls::call_foreign_function("clear_route_cache", None)
+            .map(|_| ())
+            .map_err(host_error)
     }
 
     fn send_response(
@@ -97,32 +69,40 @@ impl Host for ProxyHost {
         status: u32,
         headers: &[(&str, &str)],
         body: &[u8],
-    ) -> Result<(), Status> {
-        hostcalls::send_http_response(status, headers.to_vec(), Some(body))
+    ) -> Result<(), HostError> {
+        hostcalls::send_http_response(status, headers.to_vec(), Some(body)).map_err(host_error)
     }
 
-    fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), Status> {
-        hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, body)
+    fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), HostError> {
+        hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, body).map_err(host_error)
     }
 
-    fn response_body(&mut self, size: usize) -> Result<Option<Bytes>, Status> {
-        hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)
+    fn response_body(&mut self, size: usize) -> Result<Option<Bytes>, HostError> {
+        hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size).map_err(host_error)
     }
 
-    fn define_metric(&mut self, name: &str) -> Result<u32, Status> {
-        hostcalls::define_metric(MetricType::Counter, name)
+    fn define_metric(&mut self, name: &str) -> Result<u32, HostError> {
+        hostcalls::define_metric(MetricType::Counter, name).map_err(host_error)
     }
 
-    fn increment_metric(&mut self, id: u32) -> Result<(), Status> {
-        hostcalls::increment_metric(id, 1)
+    fn increment_metric(&mut self, id: u32) -> Result<(), HostError> {
+        hostcalls::increment_metric(id, 1).map_err(host_error)
     }
 
-    fn now(&mut self) -> Result<Duration, Status> {
+    fn now(&mut self) -> Result<Duration, HostError> {
         // Before the epoch cannot happen (the host counts nanoseconds from it); 0 if it did.
-        hostcalls::get_current_time().map(|t| t.duration_since(UNIX_EPOCH).unwrap_or_default())
+        hostcalls::get_current_time()
+            .map_err(host_error)
+            .map(|t| t.duration_since(UNIX_EPOCH).unwrap_or_default())
     }
 
-    fn log(&mut self, level: log::Level, message: fmt::Arguments<'_>) {
+    fn log(&mut self, level: Level, message: fmt::Arguments<'_>) {
+        let level = match level {
+            Level::Error => log::Level::Error,
+            Level::Warn => log::Level::Warn,
+            Level::Info => log::Level::Info,
+            Level::Debug => log::Level::Debug,
+        };
         // Through the `log` facade proxy-wasm installed: filtered by level before formatting.
         log::log!(level, "{message}");
     }

@@ -1,13 +1,12 @@
 //! skewgate's proxy-wasm filter: a thin shell that binds the pure core (`skewgate-core`) to Envoy.
 //!
 //! - `root`: receives the configuration, validates and compiles it, refuses a bad one whole;
-//! - `request`: per request, applies the plan `skewgate_core::plan` decides: strips what a
-//!   client may not send, routes, answers discovery, maps Envoy's replies;
-//! - `metrics`: the counters;
-//! - `host`: the [`host::Host`] trait the request goes through, and its implementation by the
-//!   few host calls we make, each returning a `Result` instead of panicking (the SDK's
-//!   convenience methods unwrap, and its `String` getters panic on non-UTF-8 values). The
-//!   request's tests use a recording fake instead.
+//! - `request`: Envoy's HTTP callbacks, handed to the core's request pipeline
+//!   (`skewgate_core::pipeline::Request`), which applies what `skewgate_core::plan` decides;
+//! - `metrics`: the fallback gauge (the counters are the pipeline's);
+//! - `host`: the core's `Host` trait by the few host calls we make, each returning a `Result`
+//!   instead of panicking (the SDK's convenience methods unwrap, and its `String` getters panic
+//!   on non-UTF-8 values).
 //!
 //! The data plane never panics: `unwrap`, `expect`, `panic` and slice indexing are denied.
 #![cfg_attr(

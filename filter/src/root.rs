@@ -10,8 +10,10 @@ use skewgate_core::discovery::MergedDiscovery;
 use skewgate_core::plan::CompiledConfig;
 use skewgate_core::shared_discovery;
 
-use crate::host::{self, Host, ProxyHost};
-use crate::request::{Configured, Request, Worker};
+use crate::host::{self, ProxyHost};
+use crate::request::HttpRequest;
+use skewgate_core::pipeline::Host;
+use skewgate_core::pipeline::{Configured, Request, Worker};
 
 #[derive(Default)]
 pub struct Root {
@@ -117,7 +119,9 @@ impl RootContext for Root {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.clone()?;
         let worker = self.worker.clone()?;
-        Some(Box::new(Request::new(ProxyHost, config, worker)))
+        Some(Box::new(HttpRequest(Request::new(
+            ProxyHost, config, worker,
+        ))))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -26,6 +26,7 @@ pub mod log_limit;
 pub mod metrics;
 pub mod negotiation;
 pub mod openapi;
+pub mod pipeline;
 pub mod plan;
 pub mod request_info;
 pub mod routing;

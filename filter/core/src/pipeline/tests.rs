@@ -5,15 +5,17 @@ use std::fmt;
 use std::rc::Rc;
 use std::time::Duration;
 
-use proxy_wasm::types::{Action, Bytes, Status};
-use skewgate_core::config::{
+use crate::config::{
     DiscoveryConfig, FilterConfig, GroupVersionRoutes, JsonDocument, ResourceRoute, SCHEMA_VERSION,
 };
-use skewgate_core::plan::CompiledConfig;
-use skewgate_core::shared_discovery::{SharedData, StoreError, Versioned};
+use crate::plan::CompiledConfig;
+use crate::shared_discovery::{SharedData, StoreError, Versioned};
 
 use super::{Configured, Request, Worker};
-use crate::host::{Headers, Host};
+use crate::pipeline::{Action, Bytes, Headers, Host, HostError, Level};
+
+/// proxy-wasm's `Status::InternalFailure`, as a host would report it.
+const INTERNAL_FAILURE: u32 = 10;
 
 const RESOURCECLAIM: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims/gpu";
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments?limit=500";
@@ -76,7 +78,7 @@ fn compiled_with(pending: &[&str]) -> Rc<Configured> {
         failover_all: None,
         openapi_v3: BTreeMap::from([(
             "apis/resource.k8s.io/v1beta2".to_string(),
-            skewgate_core::config::OpenApiPeerEntry {
+            crate::config::OpenApiPeerEntry {
                 server_relative_url: "/openapi/v3/apis/resource.k8s.io/v1beta2?hash=B2".into(),
                 peer_cluster: "p133".into(),
             },
@@ -143,16 +145,16 @@ struct FakeHost {
     bodies: Vec<Vec<u8>>,
     /// The response body the upstream sent (what `response_body` reads).
     upstream_body: Vec<u8>,
-    logs: Vec<(log::Level, String)>,
-    /// A call (by name) that fails with `Status::InternalFailure`.
+    logs: Vec<(Level, String)>,
+    /// A call (by name) that fails with `HostError(INTERNAL_FAILURE)`.
     failing: Option<&'static str>,
 }
 
 impl FakeHost {
-    fn call(&mut self, name: &'static str, args: fmt::Arguments<'_>) -> Result<(), Status> {
+    fn call(&mut self, name: &'static str, args: fmt::Arguments<'_>) -> Result<(), HostError> {
         self.calls.push(format!("{name} {args}"));
         if self.failing == Some(name) {
-            return Err(Status::InternalFailure);
+            return Err(HostError(INTERNAL_FAILURE));
         }
         Ok(())
     }
@@ -188,7 +190,7 @@ impl FakeHost {
     fn infos(&self) -> Vec<&str> {
         self.logs
             .iter()
-            .filter(|(level, _)| *level == log::Level::Info)
+            .filter(|(level, _)| *level == Level::Info)
             .map(|(_, line)| line.as_str())
             .collect()
     }
@@ -209,12 +211,12 @@ impl SharedData for NoSharedData {
 }
 
 impl Host for FakeHost {
-    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, Status> {
+    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, HostError> {
         self.call("request_headers", format_args!(""))?;
         Ok(self.request.clone())
     }
 
-    fn response_header(&mut self, name: &str) -> Result<Option<Bytes>, Status> {
+    fn response_header(&mut self, name: &str) -> Result<Option<Bytes>, HostError> {
         self.call("response_header", format_args!("{name}"))?;
         Ok(self
             .response
@@ -223,13 +225,18 @@ impl Host for FakeHost {
             .map(|(_, v)| v.clone()))
     }
 
-    fn property(&mut self, path: &[&str]) -> Result<Option<Bytes>, Status> {
+    fn property(&mut self, path: &[&str]) -> Result<Option<Bytes>, HostError> {
         self.call("property", format_args!("{}", path.join(".")))?;
         let key: Vec<String> = path.iter().map(|s| s.to_string()).collect();
         Ok(self.properties.get(&key).cloned())
     }
 
-    fn set_header(&mut self, map: Headers, name: &str, value: Option<&str>) -> Result<(), Status> {
+    fn set_header(
+        &mut self,
+        map: Headers,
+        name: &str,
+        value: Option<&str>,
+    ) -> Result<(), HostError> {
         self.call("set_header", format_args!("{map:?} {name} {value:?}"))?;
         let headers = self.map(map);
         headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
@@ -239,14 +246,14 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    fn add_header(&mut self, map: Headers, name: &str, value: &str) -> Result<(), Status> {
+    fn add_header(&mut self, map: Headers, name: &str, value: &str) -> Result<(), HostError> {
         self.call("add_header", format_args!("{map:?} {name} {value}"))?;
         self.map(map)
             .push((name.to_string(), value.as_bytes().to_vec()));
         Ok(())
     }
 
-    fn clear_route_cache(&mut self) -> Result<(), Status> {
+    fn clear_route_cache(&mut self) -> Result<(), HostError> {
         self.call("clear_route_cache", format_args!(""))
     }
 
@@ -255,7 +262,7 @@ impl Host for FakeHost {
         status: u32,
         headers: &[(&str, &str)],
         body: &[u8],
-    ) -> Result<(), Status> {
+    ) -> Result<(), HostError> {
         self.call("send_response", format_args!("{status}"))?;
         self.sent = Some((
             status,
@@ -268,20 +275,20 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), Status> {
+    fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), HostError> {
         self.call("replace_response_body", format_args!("{size}"))?;
         self.bodies.push(body.to_vec());
         Ok(())
     }
 
-    fn response_body(&mut self, size: usize) -> Result<Option<Bytes>, Status> {
+    fn response_body(&mut self, size: usize) -> Result<Option<Bytes>, HostError> {
         self.call("response_body", format_args!("{size}"))?;
         Ok(Some(
             self.upstream_body.iter().copied().take(size).collect(),
         ))
     }
 
-    fn define_metric(&mut self, name: &str) -> Result<u32, Status> {
+    fn define_metric(&mut self, name: &str) -> Result<u32, HostError> {
         self.call("define_metric", format_args!("{name}"))?;
         Ok(DEFINED.with(|d| {
             let mut d = d.borrow_mut();
@@ -290,14 +297,14 @@ impl Host for FakeHost {
         }))
     }
 
-    fn increment_metric(&mut self, id: u32) -> Result<(), Status> {
+    fn increment_metric(&mut self, id: u32) -> Result<(), HostError> {
         self.call("increment_metric", format_args!("{id}"))?;
         let name = DEFINED.with(|d| d.borrow()[id as usize - 1].clone());
         *self.metrics.entry(name).or_default() += 1;
         Ok(())
     }
 
-    fn now(&mut self) -> Result<Duration, Status> {
+    fn now(&mut self) -> Result<Duration, HostError> {
         self.call("now", format_args!(""))?;
         Ok(self.now)
     }
@@ -306,7 +313,7 @@ impl Host for FakeHost {
         &NoSharedData
     }
 
-    fn log(&mut self, level: log::Level, message: fmt::Arguments<'_>) {
+    fn log(&mut self, level: Level, message: fmt::Arguments<'_>) {
         self.logs.push((level, message.to_string()));
     }
 }
@@ -656,7 +663,7 @@ fn request_headers_table() {
                     "x-remote-group",
                 ];
                 assert!(
-                    !skewgate_core::hygiene::is_forbidden_request_header(name)
+                    !crate::hygiene::is_forbidden_request_header(name)
                         || ours.contains(&name.as_str()),
                     "{}: {name} passed",
                     case.name
@@ -766,7 +773,7 @@ fn a_failing_host_call_fails_closed_with_a_503() {
         .host
         .logs
         .iter()
-        .any(|(level, line)| *level == log::Level::Error && line.contains("while routing")));
+        .any(|(level, line)| *level == Level::Error && line.contains("while routing")));
 }
 
 /// Plan a request, then feed it a response; returns the request for inspection.
@@ -1489,7 +1496,7 @@ fn the_local_openapi_root_gets_the_peer_only_entries() {
     req.on_request_headers();
     req.host.response = vec![(":status".into(), b"200".to_vec())];
     req.on_response_headers(false);
-    let cap = skewgate_core::openapi::MAX_ROOT_BYTES;
+    let cap = crate::openapi::MAX_ROOT_BYTES;
     assert_eq!(req.on_response_body(cap, false), Action::Pause);
     assert_eq!(req.on_response_body(cap + 1, false), Action::Continue);
     assert_eq!(req.on_response_body(cap + 2, true), Action::Continue);
