@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::Serialize;
-use skewgate_core::config::{DiscoveryConfig, OpenApiPeerEntry, MAX_CONFIG_BYTES};
+use skewgate_core::config::{DiscoveryConfig, FilterFeature, OpenApiPeerEntry, MAX_CONFIG_BYTES};
 use skewgate_core::group_version::GroupVersion;
 
 use crate::discovery::documents::DiscoveryDocuments;
@@ -361,6 +361,16 @@ fn fit(
             reason: format!("{left_out}: merged discovery and the peers' OpenAPI entries left out"),
         });
     }
+    // Departed routes are optional too: without them a retained key is the filter's own 503.
+    routing.config.without(FilterFeature::DepartedRoutes);
+    let bytes = size(routing);
+    if bytes <= limit {
+        return Ok(MergedOutcome::Skipped {
+            reason: format!(
+                "{left_out}: merged discovery, the peers' OpenAPI entries and the departed routes left out"
+            ),
+        });
+    }
     Err(PlanError::TooLarge { bytes, limit })
 }
 
@@ -572,6 +582,22 @@ mod tests {
             );
             let endpoints = format!("{:?}", cluster.load_assignment);
             assert!(endpoints.contains("10.0.0.2") && endpoints.contains("6443"));
+            // Only while its readiness check passes; none ready: no request (no panic mode).
+            let check = cluster.health_checks.first().expect("a readiness check");
+            assert_eq!(
+                check.unhealthy_interval,
+                Some(crate::envoy::resources::proto_duration(
+                    crate::envoy::resources::DEPARTED_CHECK_INTERVAL
+                ))
+            );
+            assert_eq!(
+                cluster
+                    .common_lb_config
+                    .as_ref()
+                    .and_then(|c| c.healthy_panic_threshold.as_ref())
+                    .map(|p| p.value),
+                Some(0.0)
+            );
         }
         // The bootstrap's fallback keeps no departed route: its keys answer 503 there.
         let acknowledged = p.snapshot.acknowledged.as_ref().expect("record");

@@ -24,8 +24,11 @@ pub const PEER_CLUSTER_PREFIX: &str = "skewgate-peers-";
 /// hash); the rest is the hash of the peer ids, as for their peer cluster.
 pub const FAILOVER_CLUSTER_PREFIX: &str = "skewgate-failover-";
 /// Prefix of every departed cluster name (departed apiservers at their last address, for the
-/// retained keys they served); the rest is the hash of their ids, as for a peer cluster.
-pub const DEPARTED_CLUSTER_PREFIX: &str = "skewgate-departed-";
+/// retained keys they served); the rest is the hash of their ids, as for a peer cluster. It
+/// starts with [`PEER_CLUSTER_PREFIX`] so that Envoy's routes treat a departed set as a set of
+/// peers: a retry on another of them after a `404 page not found` from one that came back
+/// without the API.
+pub const DEPARTED_CLUSTER_PREFIX: &str = "skewgate-peers-departed-";
 
 /// A live peer apiserver and what it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]

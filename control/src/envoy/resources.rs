@@ -14,7 +14,7 @@ use std::path::Path;
 
 use envoy_types::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
-    cluster::{ClusterDiscoveryType, CustomClusterType, DiscoveryType, LbPolicy},
+    cluster::{ClusterDiscoveryType, CommonLbConfig, CustomClusterType, DiscoveryType, LbPolicy},
     CircuitBreakers, Cluster, OutlierDetection, UpstreamConnectionOptions,
 };
 use envoy_types::pb::envoy::config::common::mutation_rules::v3::{
@@ -59,6 +59,7 @@ use envoy_types::pb::envoy::extensions::wasm::v3::{
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use envoy_types::pb::envoy::r#type::v3::Int64Range;
+use envoy_types::pb::envoy::r#type::v3::Percent;
 use envoy_types::pb::google::protobuf::{
     value::Kind, Duration, StringValue, Struct, UInt32Value, Value,
 };
@@ -97,17 +98,22 @@ pub enum Role {
     /// Peer apiservers: each endpoint carries the loop guard's value for failover clusters.
     Peer,
     /// Departed apiservers at their last address, for the retained keys they served: a
-    /// short connect timeout ([`DEPARTED_CONNECT_TIMEOUT`]), as a refused connection is the
-    /// expected answer.
+    /// request goes to one only while its readiness check passes ([`departed_health_check`];
+    /// none ready: Envoy answers at once, `no_healthy_upstream`, which the filter makes the
+    /// retained 503), with a short connect timeout ([`DEPARTED_CONNECT_TIMEOUT`]).
     Departed,
 }
 
-/// How long a connection to a departed apiserver may take to open. Its node may be off the
-/// network (no reset comes back), and every request for what it retained waits this long,
-/// three times (the route's retries), before its 503; a live apiserver on the control
-/// plane's network answers in milliseconds. Too short costs only the 503 the request got
-/// before departed clusters existed.
+/// How long a connection to a departed apiserver may take to open: its node may be off the
+/// network (no reset comes back). Its readiness check keeps requests off it while it does not
+/// answer; this bounds the requests between its last good check and the failed one. A live
+/// apiserver on the control plane's network connects in milliseconds.
 pub const DEPARTED_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How often a departed apiserver's readiness is checked while it is not ready (or not yet
+/// known to be): the longest it serves nothing after it is ready again, when its new Lease
+/// has not become a route before that.
+pub const DEPARTED_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Where the clusters of a routing plan point.
 #[derive(Debug, Clone, Copy)]
@@ -341,6 +347,26 @@ fn local_health_check() -> HealthCheck {
     }
 }
 
+/// A departed apiserver's readiness, as [`local_health_check`] judges it (a refused, reset or
+/// timed-out connection, or a 5xx from `/readyz`: not ready; any answer below 500: ready),
+/// every [`DEPARTED_CHECK_INTERVAL`] while it is not ready, every second once it is; ready
+/// after one success, not ready after one failure.
+fn departed_health_check() -> HealthCheck {
+    let fast = Some(proto_duration(DEPARTED_CHECK_INTERVAL));
+    HealthCheck {
+        timeout: seconds(1),
+        interval: seconds(1),
+        unhealthy_interval: fast,
+        // The defaults (60 s) apply to a cluster no request has used yet: most departed
+        // clusters until someone asks for what the apiserver retained.
+        no_traffic_interval: fast,
+        no_traffic_healthy_interval: seconds(1),
+        unhealthy_threshold: u32v(1),
+        healthy_threshold: u32v(1),
+        ..local_health_check()
+    }
+}
+
 /// A peer endpoint's metadata: the loop guard's value for failover clusters.
 fn peer_metadata() -> Metadata {
     Metadata {
@@ -516,8 +542,15 @@ pub fn cluster(
         circuit_breakers: Some(circuit_breakers()),
         health_checks: match role {
             Role::Local => vec![local_health_check()],
-            Role::Peer | Role::Departed => Vec::new(),
+            Role::Departed => vec![departed_health_check()],
+            Role::Peer => Vec::new(),
         },
+        // A departed apiserver that is not ready gets nothing: Envoy's default (a panic
+        // threshold of 50 %) would send requests to it anyway once none of the set is healthy.
+        common_lb_config: (role == Role::Departed).then(|| CommonLbConfig {
+            healthy_panic_threshold: Some(Percent { value: 0.0 }),
+            ..Default::default()
+        }),
         upstream_connection_options: Some(UpstreamConnectionOptions {
             tcp_keepalive: Some(TcpKeepalive {
                 keepalive_time: u32v(60),

@@ -579,8 +579,9 @@ impl FilterConfig {
     }
 
     /// This configuration without `feature`'s fields: what a filter that does not read the
-    /// feature gets, which must then behave as it did before the feature existed.
-    fn without(&mut self, feature: FilterFeature) {
+    /// feature gets, which must then behave as it did before the feature existed (and what
+    /// the control plane leaves out of a configuration too large to send whole).
+    pub fn without(&mut self, feature: FilterFeature) {
         match feature {
             FilterFeature::Failover => {
                 self.failover_clusters.clear();

@@ -122,7 +122,9 @@ pub fn peer_error(code: u16, details: &str) -> PeerError {
     }
 }
 
-fn never_connected(details: &str) -> bool {
+/// Envoy never had a connection to send the request on (refused, TLS failure, no healthy
+/// host): the request was not processed anywhere.
+pub fn never_connected(details: &str) -> bool {
     details.contains("connection_failure") || details.contains("no_healthy_upstream")
 }
 

@@ -950,7 +950,7 @@ impl ResponsePlan {
         let peer_target = match &self.served {
             Some(
                 served @ Served {
-                    by: ServedBy::Peer,
+                    by: ServedBy::Peer | ServedBy::Departed,
                     target,
                     ..
                 },
@@ -986,8 +986,11 @@ impl ResponsePlan {
     }
 
     /// A retained key sent to the departed apiservers that served it, and Envoy answered
-    /// itself (no connection, a reset, a timeout): none of them is back, so the answer is the
-    /// retained 503, as if the filter had sent it nowhere.
+    /// itself without ever reaching one (none ready, refused, no cluster): none of them is
+    /// back, so the answer is the retained 503 with `Retry-After`, as if the filter had sent
+    /// it nowhere. A reset or a timeout after the request went out is not this: that apiserver
+    /// may have acted on it, so it gets a peer's answer (503 without `Retry-After`, which
+    /// client-go would otherwise repeat for any method).
     fn departed_unreachable<'c>(
         &self,
         compiled: &CompiledConfig,
@@ -995,10 +998,9 @@ impl ResponsePlan {
         details: &str,
     ) -> Option<Replacement<'c>> {
         let served = self.served.as_ref()?;
-        if served.by != ServedBy::Departed
-            || details.is_empty()
-            || details == local_reply::VIA_UPSTREAM
-        {
+        let not_processed =
+            local_reply::never_connected(details) || details.contains("cluster_not_found");
+        if served.by != ServedBy::Departed || !not_processed {
             return None;
         }
         Some(Replacement {
@@ -1637,12 +1639,13 @@ mod tests {
             Some(ServedBy::Departed)
         );
 
-        // Envoy's own replies (no connection, a reset, a timeout): the retained 503.
+        // Envoy's own replies without a connection (none ready, refused, TLS, no cluster): the
+        // retained 503, with Retry-After.
         for (code, details) in [
             (503, "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}"),
             (503, "upstream_reset_before_response_started{connection_failure}"),
             (503, "no_healthy_upstream"),
-            (504, "upstream_response_timeout"),
+            (503, "cluster_not_found"),
         ] {
             let ResponseDecision::Replace(r) = response.decide(&c, code, details, None) else {
                 panic!("{details}: not replaced")
@@ -1655,6 +1658,37 @@ mod tests {
             assert!(matches!(r.counter, Some(Counter::Retained { .. })), "{details}");
             let body = String::from_utf8(r.body.bytes(&c).to_vec()).unwrap();
             assert!(body.contains(RETAINED), "{body}");
+        }
+        // After the request went out (a reset, a timeout) the apiserver may have acted on it:
+        // a peer's 503, without Retry-After (client-go would repeat even a POST on it).
+        for (code, details) in [
+            (504, "upstream_response_timeout"),
+            (
+                503,
+                "upstream_reset_before_response_started{connection_termination}",
+            ),
+        ] {
+            let ResponseDecision::Replace(r) = response.decide(&c, code, details, None) else {
+                panic!("{details}: not replaced")
+            };
+            assert_eq!(
+                r.cause,
+                ReplaceCause::EnvoyReply {
+                    envoy_code: code,
+                    code: 503
+                },
+                "{details}"
+            );
+            assert!(
+                !r.headers
+                    .iter()
+                    .any(|h| matches!(h, HeaderOp::Set("retry-after", _))),
+                "{details}"
+            );
+            assert!(
+                matches!(r.counter, Some(Counter::PeerProxyError { .. })),
+                "{details}"
+            );
         }
         // It is back and answers: its answer stands, counted as rerouted.
         const VIA: &str = local_reply::VIA_UPSTREAM;

@@ -248,9 +248,12 @@ impl<H: Host> Request<H> {
                     replacement
                 }
             };
+        // A retained 503 for departed apiservers none of which was reached is no rerouted request.
+        let reached = !matches!(replacement.cause, ReplaceCause::DepartedUnreachable { .. });
         if let Some(counter) = self
             .response
             .rerouted(&self.config.compiled, replacement.status)
+            .filter(|_| reached)
         {
             count(&mut self.host, &self.config, counter);
         }
