@@ -55,6 +55,14 @@ fn exercise(config: &FilterConfig, lines: &[(&str, &str)]) {
                 assert!(config.peer_clusters.contains_key(cluster), "{cluster:?}");
                 assert_eq!(decision.reason, Reason::ServedByPeer);
             }
+            // A retained key, to the declared departed apiservers that served it.
+            Upstream::Departed { cluster } => {
+                assert!(
+                    config.departed_clusters.contains_key(cluster),
+                    "{cluster:?}"
+                );
+                assert_eq!(decision.reason, Reason::Retained);
+            }
             Upstream::Local => assert_ne!(decision.reason, Reason::ServedByPeer),
             // Failover: a declared failover cluster, for what the local apiserver serves (or
             // every apiserver does).
@@ -129,6 +137,14 @@ fn exercise(config: &FilterConfig, lines: &[(&str, &str)]) {
                 assert_eq!(decision.upstream, Upstream::Peer { cluster }, "{path:?}");
             } else if r.retained {
                 assert_eq!(decision.reason, Reason::Retained, "{path:?}");
+                match &r.departed_cluster {
+                    Some(cluster) => assert_eq!(
+                        decision.upstream,
+                        Upstream::Departed { cluster },
+                        "{path:?}"
+                    ),
+                    None => assert_eq!(decision.upstream, Upstream::Unavailable, "{path:?}"),
+                }
             }
         }
     }

@@ -54,6 +54,7 @@ fn check_served(list: &APIGroupDiscoveryList) {
     assert!(served.difference(&served).is_empty());
 
     let config = FilterConfig {
+        departed_clusters: Default::default(),
         fallback: None,
         schema: SCHEMA_VERSION,
         local_apiserver: "a".into(),
@@ -67,6 +68,7 @@ fn check_served(list: &APIGroupDiscoveryList) {
                 resources: keys
                     .iter()
                     .map(|k| ResourceRoute {
+                        departed_cluster: None,
                         resource: k.clone(),
                         local: true,
                         peer_cluster: None,

@@ -38,6 +38,7 @@ fn route(group: &str, version: &str, resource: &str, peer: bool) -> GroupVersion
         version: version.into(),
         shared_storage: false,
         resources: vec![ResourceRoute {
+            departed_cluster: None,
             resource: resource.into(),
             local: !peer,
             peer_cluster: peer.then(|| "skewgate-peer-a".to_string()),
@@ -52,6 +53,7 @@ fn table() -> RoutingTable {
     peer_clusters.insert("skewgate-peer-a".to_string(), vec!["b".to_string()]);
     let mut apps = route("apps", "v1", "deployments", true);
     apps.resources.push(ResourceRoute {
+        departed_cluster: None,
         resource: "deployments/scale".into(),
         local: true,
         peer_cluster: None,
@@ -59,6 +61,7 @@ fn table() -> RoutingTable {
         failover_cluster: None,
     });
     let config = FilterConfig {
+        departed_clusters: Default::default(),
         fallback: None,
         schema: SCHEMA_VERSION,
         local_apiserver: "a".into(),
