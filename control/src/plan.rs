@@ -584,12 +584,10 @@ mod tests {
             assert!(endpoints.contains("10.0.0.2") && endpoints.contains("6443"));
             // Only while its readiness check passes; none ready: no request (no panic mode).
             let check = cluster.health_checks.first().expect("a readiness check");
-            assert_eq!(
-                check.unhealthy_interval,
-                Some(crate::envoy::resources::proto_duration(
-                    crate::envoy::resources::DEPARTED_CHECK_INTERVAL
-                ))
-            );
+            let every = Some(crate::envoy::resources::proto_duration(
+                crate::envoy::resources::DEPARTED_CHECK_INTERVAL,
+            ));
+            assert_eq!((check.interval, check.no_traffic_interval), (every, every));
             assert_eq!(
                 cluster
                     .common_lb_config

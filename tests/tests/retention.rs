@@ -104,11 +104,11 @@ async fn a_retained_peer_back_serves_what_it_alone_served_before_its_discovery_i
 
 /// The only apiserver serving resource.k8s.io/v1beta2 stops renewing its Lease past the grace
 /// while it keeps serving: it departed, and its API is retained (listed Stale). Its resources
-/// still go to its last address, so while it answers it serves them (never a 503 then). It
+/// still go to its last address, so while it is ready it serves them (never a 503 then). It
 /// stops: the retained 503 with Retry-After. It comes back at the same address with no Lease at
-/// all: served by it at once, without waiting for a Lease to become a route (in a rolling
-/// upgrade the Lease and readiness come about together, and the Lease-to-route time was the
-/// last window of avoidable 503s).
+/// all, not ready at first: the retained 503 until its `/readyz` passes, then served by it,
+/// without waiting for a Lease to become a route (in a rolling upgrade the Lease and readiness
+/// come about together, and the Lease-to-route time was the last window of avoidable 503s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_departed_apiserver_serves_what_it_retained_whenever_it_answers_at_its_last_address(
 ) -> Result<()> {
@@ -174,19 +174,40 @@ async fn a_departed_apiserver_serves_what_it_retained_whenever_it_answers_at_its
         "{body}"
     );
 
-    // Back at the same address, with no Lease: served by it at once.
+    // Envoy's readiness check (every 250 ms) sees it gone.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Back at the same address, with no Lease, listening but not ready (its `/readyz` 500) for
+    // a while: nothing goes to it meanwhile (the retained 503), and once it is ready it serves,
+    // without any Lease.
     let mut opts = b.options().context("b's options")?.clone();
     opts.lease = false;
+    opts.extra_args.push("--not-ready-for=10s".to_string());
     b = SimApiserver::start_with(opts).await?;
+    let started = Instant::now();
+    for _ in 0..3 {
+        let resp = client().get(url(&envoy, CLAIMS)).send().await?;
+        assert_eq!(
+            (resp.status().as_u16(), header(&resp, "x-sim-apiserver")),
+            (503, String::new()),
+            "listening but not ready: nothing goes to it"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "asked while it was not ready"
+    );
     let took = routed(
         &envoy,
         &control,
         CLAIMS,
         (200, "apiserver-b"),
-        Duration::from_secs(5),
+        Duration::from_secs(20),
     )
     .await?;
-    eprintln!("b back at its last address without a Lease: served by it after {took:?}");
+    eprintln!(
+        "b back at its last address without a Lease, ready 10 s after it started: served by it after {took:?}"
+    );
     let skew = control.skew().await?;
     assert_eq!(
         skew["retained"][0]["id"],

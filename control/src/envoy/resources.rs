@@ -110,9 +110,9 @@ pub enum Role {
 /// apiserver on the control plane's network connects in milliseconds.
 pub const DEPARTED_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// How often a departed apiserver's readiness is checked while it is not ready (or not yet
-/// known to be): the longest it serves nothing after it is ready again, when its new Lease
-/// has not become a route before that.
+/// How often a departed apiserver's readiness is checked: the longest it serves nothing after
+/// it is ready again (when its new Lease has not become a route before that), and the longest
+/// requests may still reach it after it stopped being ready.
 pub const DEPARTED_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Where the clusters of a routing plan point.
@@ -349,18 +349,18 @@ fn local_health_check() -> HealthCheck {
 
 /// A departed apiserver's readiness, as [`local_health_check`] judges it (a refused, reset or
 /// timed-out connection, or a 5xx from `/readyz`: not ready; any answer below 500: ready),
-/// every [`DEPARTED_CHECK_INTERVAL`] while it is not ready, every second once it is; ready
-/// after one success, not ready after one failure.
+/// every [`DEPARTED_CHECK_INTERVAL`], ready or not: one that was ready and restarts must be
+/// seen not ready before requests reach it half started; not ready after one failure, ready
+/// after one success.
 fn departed_health_check() -> HealthCheck {
-    let fast = Some(proto_duration(DEPARTED_CHECK_INTERVAL));
+    let every = Some(proto_duration(DEPARTED_CHECK_INTERVAL));
     HealthCheck {
         timeout: seconds(1),
-        interval: seconds(1),
-        unhealthy_interval: fast,
+        interval: every,
         // The defaults (60 s) apply to a cluster no request has used yet: most departed
         // clusters until someone asks for what the apiserver retained.
-        no_traffic_interval: fast,
-        no_traffic_healthy_interval: seconds(1),
+        no_traffic_interval: every,
+        no_traffic_healthy_interval: every,
         unhealthy_threshold: u32v(1),
         healthy_threshold: u32v(1),
         ..local_health_check()

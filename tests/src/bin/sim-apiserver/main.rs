@@ -130,6 +130,10 @@ struct Args {
     /// else: an apiserver back whose discovery cannot be read yet.
     #[arg(long, value_parser = parse_duration)]
     discovery_unavailable_for: Option<Duration>,
+    /// For this long after start, answer `/readyz` with 500 (kube's failed-check text) while
+    /// serving everything else: an apiserver that listens but is not ready yet.
+    #[arg(long, value_parser = parse_duration)]
+    not_ready_for: Option<Duration>,
     #[command(flatten)]
     secure: SecureArgs,
 }
@@ -328,6 +332,7 @@ async fn main() -> anyhow::Result<()> {
     state.auth = authn;
     state.reset_requests_with = args.reset_requests_with.clone().filter(|m| !m.is_empty());
     state.discovery_unavailable_until = args.discovery_unavailable_for.map(|d| Instant::now() + d);
+    state.not_ready_until = args.not_ready_for.map(|d| Instant::now() + d);
     state.http2_dos_mitigation = args
         .secure
         .feature_gate("UnauthenticatedHTTP2DOSMitigation")?

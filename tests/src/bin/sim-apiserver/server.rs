@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::to_bytes;
 use axum::extract::{Query, Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
-use axum::response::Response;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version};
+use axum::response::{IntoResponse, Response};
 use tokio::sync::watch;
 
 use crate::auth::{Authenticator, UserInfo};
@@ -60,6 +60,8 @@ pub struct AppState {
     pub reset_requests_with: Option<String>,
     /// `--discovery-unavailable-for`: until then, `/api` and `/apis` answer 503.
     pub discovery_unavailable_until: Option<Instant>,
+    /// `--not-ready-for`: until then, `/readyz` answers 500.
+    pub not_ready_until: Option<Instant>,
 }
 
 impl AppState {
@@ -94,6 +96,7 @@ impl AppState {
             http2_dos_mitigation: false,
             reset_requests_with: None,
             discovery_unavailable_until: None,
+            not_ready_until: None,
         }
     }
 }
@@ -130,6 +133,19 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
             "discovery is not ready yet (--discovery-unavailable-for)",
             None,
         ));
+    }
+    if state
+        .not_ready_until
+        .is_some_and(|until| Instant::now() < until)
+        && uri.path() == "/readyz"
+    {
+        // kube-apiserver's answer while a post-start hook has not finished.
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "[-]poststarthook/sim-not-ready failed: not finished (--not-ready-for)\nreadyz check failed\n",
+        )
+            .into_response();
     }
     if let Some(delay) = headers
         .get(DELAY_HEADER)
