@@ -525,7 +525,7 @@ mod tests {
     }
 
     /// A departed apiserver whose last address is known: what it alone served goes there (a
-    /// cluster of its own, with the departed connect timeout), still retained, still Stale.
+    /// readiness-checked cluster of its own), still retained, still Stale.
     #[test]
     fn a_departed_apiserver_with_a_known_address_gets_what_it_retained_sent_there() {
         use envoy_types::pb::envoy::config::cluster::v3::Cluster;

@@ -5,10 +5,10 @@
 //!
 //! - A key only a departed apiserver served is **retained**: never the local `404` a controller
 //!   would act on. It goes to the departed apiservers that served it, at their last address,
-//!   when that is known: one that is back serves it at once, without waiting for its Lease to
-//!   be seen (an apiserver writes its Lease about when it gets ready, and the Lease takes a
-//!   few hundred milliseconds to become a route); while none answers, Envoy's connect failure
-//!   becomes the filter's retained 503. Without an address the filter answers 503 itself.
+//!   when that is known: one that is back serves it as soon as it is ready, without waiting for
+//!   its Lease to be seen (an apiserver writes its Lease about when it gets ready, and the
+//!   Lease takes a few hundred milliseconds to become a route); while none is ready, the
+//!   answer is the retained 503. Without an address the filter answers 503 itself.
 //! - A group-version no live apiserver serves at all is **stale**: `freshness: Stale` in merged
 //!   discovery, and its legacy resource list answers 503. A resource missing from a group-version
 //!   that is live stays listed (from the departed apiserver's own document).
@@ -33,9 +33,8 @@ pub struct RetainedView<'a> {
     pub id: &'a str,
     pub documents: &'a DiscoveryDocuments,
     /// Where it was last reached, if known: a departed apiserver's retained keys are sent
-    /// there ([`crate::routing`]'s departed clusters), so it serves them the moment it is back,
-    /// before its Lease is seen again; until then the connection fails and the answer is the
-    /// retained 503.
+    /// there ([`crate::routing`]'s departed clusters), so it serves them as soon as it is ready
+    /// again, before its Lease is seen; until then the answer is the retained 503.
     pub address: Option<&'a Address>,
 }
 

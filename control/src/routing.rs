@@ -180,6 +180,18 @@ fn set_name<S: AsRef<str>>(prefix: &str, peer_ids: &[S]) -> String {
     name
 }
 
+/// The cluster of exactly `ids`, named by `name` and declared in `sets` if it is not yet.
+fn declare(
+    sets: &mut BTreeMap<String, Vec<String>>,
+    name: fn(&[String]) -> String,
+    ids: &BTreeSet<&str>,
+) -> String {
+    let ids: Vec<String> = ids.iter().map(|id| (*id).to_owned()).collect();
+    let name = name(&ids);
+    sets.entry(name.clone()).or_insert(ids);
+    name
+}
+
 /// Whether the local apiserver's discovery is what it serves now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LocalFreshness {
@@ -207,7 +219,7 @@ pub struct RetainedRoutes<'a> {
     pub keys: &'a ServedApis,
     /// Departed apiservers with a known last address, with the retained keys they served: such
     /// a key goes to their cluster ([`DEPARTED_CLUSTER_PREFIX`]), so one of them that is back
-    /// serves it; while none answers, the filter answers the retained 503.
+    /// and ready serves it; while none is, the answer is the retained 503.
     pub departed: &'a [Peer],
 }
 
@@ -311,12 +323,8 @@ pub fn build(
         .filter(|p| p.id != local_id)
         .map(|p| p.id.as_str())
         .collect();
-    let failover_all = (!live.is_empty()).then(|| {
-        let ids: Vec<String> = live.iter().map(|id| (*id).to_owned()).collect();
-        let name = failover_cluster_name(&ids);
-        failover_clusters.insert(name.clone(), ids);
-        name
-    });
+    let failover_all =
+        (!live.is_empty()).then(|| declare(&mut failover_clusters, failover_cluster_name, &live));
     let mut group_versions = Vec::with_capacity(table.len());
     for ((group, version), keys) in table {
         if shared_storage.contains(&GroupVersion::new(group, version)) {
@@ -334,29 +342,22 @@ pub fn build(
                 if local_freshness == LocalFreshness::Unconfirmed && !servers.peers.is_empty() {
                     servers.local = false;
                 }
-                let peer_cluster = if servers.local || servers.peers.is_empty() {
-                    None
-                } else {
-                    let ids: Vec<String> =
-                        servers.peers.iter().map(|id| (*id).to_owned()).collect();
-                    let name = peer_cluster_name(&ids);
-                    peer_clusters.entry(name.clone()).or_insert(ids);
-                    Some(name)
-                };
+                let peer_cluster = (!servers.local && !servers.peers.is_empty())
+                    .then(|| declare(&mut peer_clusters, peer_cluster_name, &servers.peers));
                 let failover_cluster = (servers.local && !servers.peers.is_empty()).then(|| {
-                    let ids: Vec<String> =
-                        servers.peers.iter().map(|id| (*id).to_owned()).collect();
-                    let name = failover_cluster_name(&ids);
-                    failover_clusters.entry(name.clone()).or_insert(ids);
-                    name
+                    declare(
+                        &mut failover_clusters,
+                        failover_cluster_name,
+                        &servers.peers,
+                    )
                 });
                 let departed_cluster =
                     (servers.retained && !servers.departed.is_empty()).then(|| {
-                        let ids: Vec<String> =
-                            servers.departed.iter().map(|id| (*id).to_owned()).collect();
-                        let name = departed_cluster_name(&ids);
-                        departed_clusters.entry(name.clone()).or_insert(ids);
-                        name
+                        declare(
+                            &mut departed_clusters,
+                            departed_cluster_name,
+                            &servers.departed,
+                        )
                     });
                 ResourceRoute {
                     retained: servers.retained,

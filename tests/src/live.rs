@@ -461,6 +461,22 @@ pub async fn routed(
     .with_context(|| format!("control plane log:\n{}", control.log()))
 }
 
+/// Wait until `/debug/skew` lists the apiserver of Lease `lease` first among the retained: it
+/// left (past the lease grace) and its APIs are kept.
+pub async fn until_retained(control: &Control, lease: &str) -> Result<()> {
+    eventually(
+        &format!("{lease}'s API is retained"),
+        GRACE + Duration::from_secs(15),
+        || async {
+            let skew = control.skew().await?;
+            Ok((skew["retained"][0]["id"] == lease).then_some(()))
+        },
+    )
+    .await
+    .map(|_| ())
+    .with_context(|| control.log())
+}
+
 /// Start `control`, then Envoy on it; returns once the first sync routes v1beta2 to
 /// `apiserver-b`.
 pub async fn start_routed_to_b(control: &mut Control) -> Result<Envoy> {

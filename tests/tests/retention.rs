@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use skewgate_tests::live::*;
-use skewgate_tests::{client, eventually, header, kubectl, Etcd, SimApiserver};
+use skewgate_tests::{client, eventually, header, kubectl, Envoy, Etcd, SimApiserver};
 
 // ---------------------------------------------------------------------------------------------
 // Scenarios.
@@ -30,6 +30,23 @@ fn freshness_of(apis: &str, group: &str, version: &str) -> Option<Option<String>
         .flat_map(|g| g["versions"].as_array().cloned().unwrap_or_default())
         .find(|v| v["version"] == version)
         .map(|v| v["freshness"].as_str().map(str::to_string))
+}
+
+/// Wait until merged discovery through `envoy` marks `resource.k8s.io/v1beta2` `freshness`.
+async fn until_v1beta2_is(envoy: &Envoy, control: &Control, freshness: &str) -> Result<()> {
+    eventually(
+        &format!("merged discovery marks resource.k8s.io/v1beta2 {freshness}"),
+        Duration::from_secs(10),
+        || async {
+            let (_, body) = apis(envoy).await?;
+            Ok((freshness_of(&body, "resource.k8s.io", "v1beta2")
+                == Some(Some(freshness.to_string())))
+            .then_some(()))
+        },
+    )
+    .await
+    .map(|_| ())
+    .with_context(|| control.log())
 }
 
 /// The only apiserver serving resource.k8s.io/v1beta2 dies past the lease grace (its API
@@ -50,16 +67,7 @@ async fn a_retained_peer_back_serves_what_it_alone_served_before_its_discovery_i
     let b_lease = b.lease_name();
 
     b.stop().await?;
-    eventually(
-        "b's API is retained",
-        GRACE + Duration::from_secs(15),
-        || async {
-            let skew = control.skew().await?;
-            Ok((skew["retained"][0]["id"] == b_lease.as_str()).then_some(()))
-        },
-    )
-    .await
-    .with_context(|| control.log())?;
+    until_retained(&control, &b_lease).await?;
     assert_eq!(get(&envoy, CLAIMS).await?.0, 503, "retained: 503");
 
     // Back at another address (its new Lease says where; at its last one, the departed route
@@ -122,28 +130,8 @@ async fn a_departed_apiserver_serves_what_it_retained_whenever_it_answers_at_its
     let b_lease = b.lease_name();
 
     b.toggle_lease_renewal()?;
-    eventually(
-        "b's Lease lapsed: its API is retained",
-        GRACE + Duration::from_secs(15),
-        || async {
-            let skew = control.skew().await?;
-            Ok((skew["retained"][0]["id"] == b_lease.as_str()).then_some(()))
-        },
-    )
-    .await
-    .with_context(|| control.log())?;
-    eventually(
-        "merged discovery lists it Stale",
-        Duration::from_secs(10),
-        || async {
-            let (_, body) = apis(&envoy).await?;
-            Ok((freshness_of(&body, "resource.k8s.io", "v1beta2")
-                == Some(Some("Stale".to_string())))
-            .then_some(()))
-        },
-    )
-    .await
-    .with_context(|| control.log())?;
+    until_retained(&control, &b_lease).await?;
+    until_v1beta2_is(&envoy, &control, "Stale").await?;
     let skew = control.skew().await?;
     let b_address = b.options().context("b's options")?.listen.clone();
     assert_eq!(
@@ -353,16 +341,7 @@ async fn a_dead_peers_api_is_retained_until_it_returns_or_the_window_passes() ->
         Duration::from_secs(20),
     )
     .await?;
-    eventually("Current again", Duration::from_secs(10), || async {
-        let (_, body) = apis(&envoy).await?;
-        Ok(
-            (freshness_of(&body, "resource.k8s.io", "v1beta2")
-                == Some(Some("Current".to_string())))
-            .then_some(()),
-        )
-    })
-    .await
-    .with_context(|| control.log())?;
+    until_v1beta2_is(&envoy, &control, "Current").await?;
     eprintln!("b back: routed to it {took:?} after its restart");
 
     // b crashes for good: retained until the window passes, then the local 404 is the truth.

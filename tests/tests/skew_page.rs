@@ -91,16 +91,7 @@ async fn the_skew_page_shows_the_matrix_in_a_real_browser() -> Result<()> {
     // b, the only 1.33, crashes: after the grace its API is retained, and the page says so.
     let b_lease = b.lease_name();
     b.stop().await?;
-    eventually(
-        "b's API retained",
-        GRACE + Duration::from_secs(15),
-        || async {
-            let skew = control.skew().await?;
-            Ok((skew["retained"][0]["id"] == b_lease.as_str()).then_some(()))
-        },
-    )
-    .await
-    .with_context(|| control.log())?;
+    until_retained(&control, &b_lease).await?;
     let dom = skewgate_tests::dump_dom(&page).await?;
     let shot = artefacts.join("skew-page-retained.png");
     skewgate_tests::screenshot(&page, &shot, 1400, 1200).await?;

@@ -25,7 +25,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use skewgate_core::config::{
-    Fallback, FallbackMode, FilterConfig, UpstreamAuth, FALLBACK_LOCAL_CLUSTER, SCHEMA_VERSION,
+    Fallback, FallbackMode, FilterConfig, FilterFeature, UpstreamAuth, FALLBACK_LOCAL_CLUSTER,
+    SCHEMA_VERSION,
 };
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -152,12 +153,7 @@ pub fn last_acknowledged_config(acknowledged: &AcknowledgedConfig) -> FilterConf
     }
     // Departed apiservers get no static copy: what they served answers the filter's retained
     // 503 until the control plane is back (their addresses were never written down).
-    config.departed_clusters.clear();
-    for gv in &mut config.group_versions {
-        for route in &mut gv.resources {
-            route.departed_cluster = None;
-        }
-    }
+    config.without(FilterFeature::DepartedRoutes);
     config.fallback = Some(Fallback {
         mode: FallbackMode::LastAcknowledged,
         local_cluster: FALLBACK_LOCAL_CLUSTER.to_string(),

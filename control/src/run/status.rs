@@ -197,7 +197,7 @@ pub struct RetainedStatus {
     pub left_unix_seconds: u64,
     pub expires_unix_seconds: u64,
     /// Where requests for what it retained are sent (its last address, `host:port`): served
-    /// there if it answers, else the retained 503. `None`: not known (this control plane has
+    /// there while it is ready, else the retained 503. `None`: not known (this control plane has
     /// not seen it live since it started), only the 503.
     pub sent_to: Option<String>,
     /// `group/version, Resource=resource` of what only it served.

@@ -57,9 +57,9 @@ pub enum FilterFeature {
     Failover,
     /// Retained keys sent to the apiservers that departed with them, at their last address
     /// ([`FilterConfig::departed_clusters`], [`ResourceRoute::departed_cluster`]): one that is
-    /// back answers at once, without waiting for its Lease to be seen; one that is not fails
-    /// the connection, and the answer is the retained 503. Without it a filter answers 503 for
-    /// every retained key itself, as before.
+    /// back and ready answers at once, without waiting for its Lease to be seen; while none is,
+    /// the answer is the retained 503. Without it a filter answers 503 for every retained key
+    /// itself, as before.
     DepartedRoutes,
 }
 

@@ -826,6 +826,18 @@ fn discovery_evicted(replacement: Replacement<'_>) -> Replacement<'_> {
     }
 }
 
+/// The response header changes for an answer replaced by a retryable `metav1.Status` with
+/// `code`: the 404 safety net's and the departed apiservers' retained 503.
+fn retryable_status_headers(code: u16) -> Vec<HeaderOp<'static>> {
+    vec![
+        HeaderOp::Set(":status", Cow::Owned(code.to_string())),
+        HeaderOp::Set("content-type", Cow::Borrowed(status::CONTENT_TYPE)),
+        HeaderOp::Remove("content-length"),
+        HeaderOp::Remove("content-encoding"),
+        HeaderOp::Set("retry-after", Cow::Borrowed(status::RETRY_AFTER)),
+    ]
+}
+
 /// What to do with the response, decided when its headers arrive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResponseDecision<'a> {
@@ -1006,12 +1018,7 @@ impl ResponsePlan {
         Some(Replacement {
             cause: ReplaceCause::DepartedUnreachable { envoy_code: code },
             status: 503,
-            headers: vec![
-                HeaderOp::Set(":status", Cow::Borrowed("503")),
-                HeaderOp::Set("content-type", Cow::Borrowed(status::CONTENT_TYPE)),
-                HeaderOp::Remove("content-length"),
-                HeaderOp::Set("retry-after", Cow::Borrowed(status::RETRY_AFTER)),
-            ],
+            headers: retryable_status_headers(503),
             body: ReplacementBody::Status(status::unavailable(&retained_message(&served.target))),
             counter: Some(Counter::Retained {
                 gvr: served.label(&compiled.labels),
@@ -1043,13 +1050,7 @@ impl ResponsePlan {
         Some(Replacement {
             cause: ReplaceCause::NotServed { by: served.by },
             status: rewrite.code,
-            headers: vec![
-                HeaderOp::Set(":status", Cow::Owned(rewrite.code.to_string())),
-                HeaderOp::Set("content-type", Cow::Borrowed(status::CONTENT_TYPE)),
-                HeaderOp::Remove("content-length"),
-                HeaderOp::Remove("content-encoding"),
-                HeaderOp::Set("retry-after", Cow::Borrowed(status::RETRY_AFTER)),
-            ],
+            headers: retryable_status_headers(rewrite.code),
             body: ReplacementBody::Status(rewrite.body),
             counter: Some(Counter::NotServed {
                 gvr: served.label(&compiled.labels),

@@ -26,9 +26,9 @@ pub enum Upstream<'a> {
     /// An Envoy cluster whose endpoints are the peer apiservers serving the resource.
     Peer { cluster: &'a str },
     /// An Envoy cluster of the departed apiservers that served a retained key, at their last
-    /// address ([`FilterConfig::departed_clusters`]): one that is back answers (its Lease may
-    /// not be seen yet); while none is, the connection fails and the filter answers the
-    /// retained 503.
+    /// address ([`FilterConfig::departed_clusters`]): one that is back and ready answers (its
+    /// Lease may not be seen yet); while none is, Envoy answers itself and the filter makes
+    /// that the retained 503.
     Departed { cluster: &'a str },
     /// Nowhere: no live apiserver is known to serve it now, but one may (a retained resource,
     /// or a peer whose discovery is not known yet). The filter answers 503 with `Retry-After`
