@@ -7,12 +7,15 @@
 //!   `bootstrap`, `render-static`): Unix sockets in `--socket-dir`, or loopback TCP;
 //! - [`UpstreamTlsFlags`]: how Envoy and the control plane reach apiservers (`run`,
 //!   `render-static`, and `bootstrap` for its fallback clusters);
+//! - [`DataPlaneFlags`]: which filter Envoy runs and its file (`run`, `bootstrap`,
+//!   `render-static`);
 //! - [`parse_control_plane_wait`]: `bootstrap --control-plane-wait`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::envoy::resources::{DataPlane, FilterCode};
 use crate::envoy::{Address, ServingTls, UpstreamTls};
 use crate::local_channels::{
     LocalChannels, DEFAULT_ADMIN_PORT, DEFAULT_SOCKET_DIR, DEFAULT_XDS_ADDRESS,
@@ -140,6 +143,63 @@ pub fn parse_cidr(s: &str) -> Result<ipnet::IpNet, FlagError> {
 }
 
 /// Envoy resolves relative paths against its own working directory: refuse them.
+/// Which filter Envoy runs, and where Envoy finds it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DataPlaneFlags {
+    /// Which build of the filter Envoy runs: `wasm`, the proxy-wasm filter in Envoy's V8
+    /// sandbox (portable across Envoy versions); or `native`, the same filter as an Envoy
+    /// dynamic module (Envoy's own speed, no sandbox: a crash is Envoy's; only for the Envoy
+    /// version it was built for, 1.40).
+    #[arg(long, value_enum, default_value_t = DataPlane::Wasm, value_name = "wasm|native")]
+    pub data_plane: DataPlane,
+    /// skewgate_filter.wasm as Envoy sees it (absolute path), for `--data-plane wasm`.
+    #[arg(long, value_name = "PATH")]
+    pub wasm: Option<PathBuf>,
+    /// libskewgate_native.so as Envoy sees it (absolute path), for `--data-plane native`.
+    #[arg(long, value_name = "PATH")]
+    pub native_module: Option<PathBuf>,
+}
+
+impl DataPlaneFlags {
+    /// The filter's code; `None` when its path is not given (`bootstrap` without a fallback
+    /// needs none). The other data plane's path is refused: it would not be used.
+    pub fn resolve(&self) -> Result<Option<FilterCode>, FlagError> {
+        let (path, unused) = match self.data_plane {
+            DataPlane::Wasm => (
+                &self.wasm,
+                self.native_module.as_ref().map(|_| "--native-module"),
+            ),
+            DataPlane::Native => (&self.native_module, self.wasm.as_ref().map(|_| "--wasm")),
+        };
+        if let Some(unused) = unused {
+            return Err(FlagError::Combination(format!(
+                "{unused} is for the other data plane: --data-plane {} runs {}",
+                self.data_plane.name(),
+                self.data_plane.path_flag()
+            )));
+        }
+        let Some(path) = path else {
+            return Ok(None);
+        };
+        let flag = self.data_plane.path_flag();
+        absolute(flag, path)?;
+        FilterCode::new(self.data_plane, path)
+            .map(Some)
+            .map_err(|e| FlagError::flag(flag, path.display(), e.to_string()))
+    }
+
+    /// The filter's code, which must be given.
+    pub fn require(&self) -> Result<FilterCode, FlagError> {
+        self.resolve()?.ok_or_else(|| {
+            FlagError::Combination(format!(
+                "--data-plane {} needs {}",
+                self.data_plane.name(),
+                self.data_plane.path_flag()
+            ))
+        })
+    }
+}
+
 pub fn absolute(flag: &'static str, path: &Path) -> Result<(), FlagError> {
     if path.is_absolute() {
         Ok(())

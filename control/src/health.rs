@@ -21,6 +21,7 @@
 //! So `/metrics` can be scraped from another host without exposing `/debug/skew`. Nothing here
 //! decides anything: the handlers call what [`Health`] was given.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -129,7 +130,7 @@ async fn metrics(State(h): State<Arc<Health>>) -> Response {
     // Envoy's own Prometheus text: the filter's counters with upstream's names and labels
     // (disjoint from the control plane's names).
     if let Some(Ok(text)) = envoy {
-        body.push_str(&text);
+        body.push_str(&upstream_names(&text));
         if !body.ends_with('\n') {
             body.push('\n');
         }
@@ -142,6 +143,30 @@ async fn metrics(State(h): State<Arc<Health>>) -> Response {
         body,
     )
         .into_response()
+}
+
+/// Envoy's Prometheus text of the filter's metrics, named as upstream names them whichever
+/// data plane counted them: Envoy strips the proxy-wasm filter's `wasmcustom` namespace, but
+/// writes a dynamic module's metrics (the native filter's, in that same namespace) as
+/// `envoy_wasmcustom_<name>`. Only those names change; labels and values stay.
+fn upstream_names(text: &str) -> Cow<'_, str> {
+    const NATIVE_PREFIX: &str = "envoy_wasmcustom_";
+    if !text.contains(NATIVE_PREFIX) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (comment, rest) = match line.strip_prefix("# TYPE ") {
+            Some(rest) => ("# TYPE ", rest),
+            None => match line.strip_prefix("# HELP ") {
+                Some(rest) => ("# HELP ", rest),
+                None => ("", line),
+            },
+        };
+        out.push_str(comment);
+        out.push_str(rest.strip_prefix(NATIVE_PREFIX).unwrap_or(rest));
+    }
+    Cow::Owned(out)
 }
 
 #[derive(Deserialize)]
@@ -206,6 +231,25 @@ pub async fn serve(
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Text as Envoy 1.40 wrote it for the native filter (tests/tests/metrics.rs reads it live).
+    #[test]
+    fn native_metric_names_are_upstream_names() {
+        let native = "# TYPE envoy_wasmcustom_apiserver_rerouted_request_total counter\n\
+            envoy_wasmcustom_apiserver_rerouted_request_total{code=\"200\",group=\"resource.k8s.io\",version=\"v1beta2\",resource=\"resourceclaims\"} 2\n\
+            # TYPE envoy_wasmcustom_skewgate_fallback_configuration gauge\n\
+            envoy_wasmcustom_skewgate_fallback_configuration{} 0\n";
+        assert_eq!(
+            upstream_names(native),
+            "# TYPE apiserver_rerouted_request_total counter\n\
+            apiserver_rerouted_request_total{code=\"200\",group=\"resource.k8s.io\",version=\"v1beta2\",resource=\"resourceclaims\"} 2\n\
+            # TYPE skewgate_fallback_configuration gauge\n\
+            skewgate_fallback_configuration{} 0\n"
+        );
+        // The proxy-wasm filter's text is already so: borrowed, unchanged.
+        let wasm = "# TYPE apiserver_rerouted_request_total counter\napiserver_rerouted_request_total{code=\"200\"} 1\n";
+        assert!(matches!(upstream_names(wasm), Cow::Borrowed(t) if t == wasm));
+    }
 
     /// One request through the router, in process.
     async fn get(router: &Router, uri: &str) -> (StatusCode, String, Option<String>) {

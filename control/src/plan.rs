@@ -20,6 +20,7 @@ use crate::discovery::documents::DiscoveryDocuments;
 use crate::discovery::openapi::{self, PeerRoot};
 use crate::discovery::payload;
 use crate::discovery::ServedApis;
+use crate::envoy::resources::FilterCode;
 use crate::envoy::{Address, EnvoyError};
 use crate::retained;
 pub use crate::retained::RetainedView;
@@ -47,7 +48,7 @@ pub struct PlanInputs<'a> {
     /// Whether `local.documents` is what the local apiserver serves now
     /// ([`routing::LocalFreshness`]); always current in the static mode.
     pub local_freshness: routing::LocalFreshness,
-    pub wasm_path: &'a Path,
+    pub filter_code: &'a FilterCode,
     /// TLS to the apiservers: the directory of the SDS files of the peer CA and the
     /// proxy-client certificate ([`crate::envoy::secrets`]); `None`: plaintext.
     pub upstream_sds: Option<&'a Path>,
@@ -221,7 +222,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, PlanError> {
     let snapshot = Snapshot::from_plan(
         &routing,
         &SnapshotInputs {
-            wasm_path: inputs.wasm_path,
+            filter_code: inputs.filter_code,
             local: inputs.local.address,
             peers: &addresses,
             upstream_sds: inputs.upstream_sds,
@@ -430,7 +431,7 @@ mod tests {
             retained,
             shared_storage: &BTreeSet::new(),
             local_freshness: routing::LocalFreshness::Current,
-            wasm_path: Path::new("/opt/skewgate.wasm"),
+            filter_code: &crate::test_fixtures::wasm_code("/opt/skewgate.wasm"),
             upstream_sds: None,
         })
         .expect("plans")

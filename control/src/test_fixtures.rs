@@ -26,7 +26,6 @@ pub fn documents(name: &str) -> crate::discovery::documents::DiscoveryDocuments 
 /// and `c` at fixed addresses.
 pub mod world {
     use std::collections::BTreeSet;
-    use std::path::Path;
 
     use crate::discovery::ServedApis;
     use crate::envoy::Address;
@@ -64,7 +63,7 @@ pub mod world {
             Snapshot::from_plan(
                 plan,
                 &SnapshotInputs {
-                    wasm_path: Path::new("/opt/skewgate.wasm"),
+                    filter_code: &crate::test_fixtures::wasm_code("/opt/skewgate.wasm"),
                     local: &self.local,
                     peers: &self.peers,
                     upstream_sds: None,
@@ -106,7 +105,6 @@ pub mod world {
 /// how it was made).
 pub mod rolling_upgrade {
     use std::collections::BTreeSet;
-    use std::path::Path;
 
     use skewgate_core::group_version::GroupVersion;
 
@@ -217,9 +215,22 @@ pub mod rolling_upgrade {
             retained: &retained,
             shared_storage: &BTreeSet::from([GroupVersion::new(g, v)]),
             local_freshness: crate::routing::LocalFreshness::Current,
-            wasm_path: Path::new("/opt/skewgate/skewgate_filter.wasm"),
+            filter_code: &crate::test_fixtures::wasm_code("/opt/skewgate/skewgate_filter.wasm"),
             upstream_sds: None,
         })
         .expect("plans")
     }
 }
+
+/// The proxy-wasm filter at `path` (a valid path), as the control plane names it.
+pub fn wasm_code(path: &str) -> crate::envoy::resources::FilterCode {
+    crate::envoy::resources::FilterCode::new(
+        crate::envoy::resources::DataPlane::Wasm,
+        std::path::Path::new(path),
+    )
+    .expect("a valid path")
+}
+
+/// [`wasm_code`] of `/opt/skewgate.wasm`, for inputs that outlive a statement.
+pub static OPT_WASM: std::sync::LazyLock<crate::envoy::resources::FilterCode> =
+    std::sync::LazyLock::new(|| wasm_code("/opt/skewgate.wasm"));

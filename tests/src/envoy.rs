@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use skewgate_control::discovery::DiscoveryDocuments;
+use skewgate_control::envoy::resources::DataPlane;
 use skewgate_control::envoy::Address;
 use skewgate_control::local_channels::{LocalChannel, ADMIN_SOCKET};
 use skewgate_control::plan::{ApiserverView, MergedOutcome};
@@ -21,7 +22,7 @@ use tokio::process::{Child, Command};
 
 use crate::http::{client, header, local_get};
 use crate::kubeconfig::kubeconfig_yaml;
-use crate::paths::{envoy_bin, wasm_path};
+use crate::paths::{envoy_bin, filter_code};
 use crate::sim::SimApiserver;
 
 /// A running Envoy with the skewgate filter.
@@ -111,7 +112,7 @@ impl Envoy {
                 documents: Some(&p.documents),
             })
             .collect();
-        let wasm = wasm_path()?;
+        let filter_code = filter_code()?;
         let listen = Address::parse_listen("127.0.0.1:0")?;
         // The default: admin on a Unix socket of mode 0600, here in the private temporary
         // directory.
@@ -125,7 +126,7 @@ impl Envoy {
             },
             peers: &peer_views,
             shared_storage: &BTreeSet::new(),
-            wasm_path: &wasm,
+            filter_code: &filter_code,
             listen: &listen,
             admin: &admin,
             request_timeout: options.request_timeout,
@@ -249,6 +250,12 @@ impl Envoy {
             .with_context(|| format!("stat {name} not found in {stats:?}"))
     }
 
+    /// One of the filter's metrics with its labels, by the name Envoy's admin `/stats` gives
+    /// it under the data plane under test ([`filter_stat`]).
+    pub async fn filter_stat(&self, metric: &str, labels: &[(&str, &str)]) -> Result<u64> {
+        self.stat(&filter_stat(metric, labels)?).await
+    }
+
     /// `http://ip:port`, or `https://ip:port` when the listener serves TLS.
     pub fn url(&self) -> String {
         let scheme = if self.tls { "https" } else { "http" };
@@ -359,4 +366,24 @@ impl Probe {
         let failures = self.task.await?;
         Ok((self.ok.load(Ordering::Relaxed), failures))
     }
+}
+
+/// The admin `/stats` name of one of the filter's metrics with `labels` under the data plane
+/// under test: the proxy-wasm filter writes the labels into the name
+/// (`wasmcustom.metric;label=value`, which the bootstrap's tag regexes make labels again), the
+/// native filter defines them as Envoy labels (`wasmcustom.metric.label.value`). Prometheus
+/// shows both the same way.
+pub fn filter_stat(metric: &str, labels: &[(&str, &str)]) -> Result<String> {
+    let (between, pair) = match crate::paths::data_plane()? {
+        DataPlane::Wasm => (";", "="),
+        DataPlane::Native => (".", "."),
+    };
+    let mut name = format!("wasmcustom.{metric}");
+    for (label, value) in labels {
+        name.push_str(between);
+        name.push_str(label);
+        name.push_str(pair);
+        name.push_str(value);
+    }
+    Ok(name)
 }

@@ -38,15 +38,17 @@ mod upgrades;
 mod wait;
 
 pub use browser::{chromium_bin, dump_dom, screenshot, test_artefacts_dir};
-pub use envoy::{mixed_cluster, Envoy, EnvoyOptions, PeerSpec, Probe, DEFAULT_REQUEST_TIMEOUT};
+pub use envoy::{
+    filter_stat, mixed_cluster, Envoy, EnvoyOptions, PeerSpec, Probe, DEFAULT_REQUEST_TIMEOUT,
+};
 pub use etcd::Etcd;
 pub use http::{client, header, local_get, watch_until};
 pub use kubeconfig::{kubeconfig_tls, kubeconfig_yaml, Credential};
 pub use kubectl::{kubectl, kubectl_with};
 pub use net::{black_hole, free_port};
 pub use paths::{
-    control_bin, envoy_bin, etcd_bin, fixture, kubectl_1_20_bin, kubectl_bin, python_bin,
-    repo_root, wasm_path,
+    control_bin, data_plane, envoy_bin, etcd_bin, filter_code, filter_flags, fixture,
+    kubectl_1_20_bin, kubectl_bin, native_module_path, python_bin, repo_root, wasm_path,
 };
 pub use pki::{
     cert_dns_names, cert_serial, replace_file, token_file_csv, CertFiles, CertUsage, Subject,

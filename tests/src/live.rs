@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 use crate::{
-    client, control_bin, eventually, free_port, header, wasm_path, Credential, Envoy, Etcd,
+    client, control_bin, eventually, filter_flags, free_port, header, Credential, Envoy, Etcd,
     SimApiserver, SimOptions, TestPki, TEST_TOKENS,
 };
 
@@ -123,7 +123,7 @@ impl Control {
         }
         args.push(format!("--health-listen=127.0.0.1:{health}").into());
         args.push(format!("--debug-listen=127.0.0.1:{debug}").into());
-        args.push(format!("--wasm={}", wasm_path()?.display()).into());
+        args.extend(filter_flags()?.into_iter().map(OsString::from));
         args.push("--initial-sync-timeout=20s".into());
         args.push("--discovery-timeout=3s".into());
         args.push("--log-level=debug".into());

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
+use skewgate_control::envoy::resources::{DataPlane, FilterCode};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -57,6 +58,51 @@ pub fn kubectl_1_20_bin() -> Result<PathBuf> {
     } else {
         bail!("{} not found: run scripts/setup", path.display())
     }
+}
+
+/// The data plane the integration tests run Envoy with: `SKEWGATE_DATA_PLANE` (`wasm`, the
+/// default, or `native`). `scripts/test` runs the data-plane suites once with each.
+pub fn data_plane() -> Result<DataPlane> {
+    match std::env::var("SKEWGATE_DATA_PLANE").as_deref() {
+        Err(_) | Ok("") | Ok("wasm") => Ok(DataPlane::Wasm),
+        Ok("native") => Ok(DataPlane::Native),
+        Ok(other) => bail!("SKEWGATE_DATA_PLANE={other:?}: wasm or native"),
+    }
+}
+
+/// The filter's code of the data plane under test ([`data_plane`]), as the control plane
+/// names it.
+pub fn filter_code() -> Result<FilterCode> {
+    let data_plane = data_plane()?;
+    let path = match data_plane {
+        DataPlane::Wasm => wasm_path()?,
+        DataPlane::Native => native_module_path()?,
+    };
+    Ok(FilterCode::new(data_plane, &path)?)
+}
+
+/// The control plane's flags that name [`filter_code`] (`run`, `bootstrap`).
+pub fn filter_flags() -> Result<Vec<String>> {
+    let code = filter_code()?;
+    Ok(vec![
+        format!("--data-plane={}", code.data_plane.name()),
+        format!("{}={}", code.data_plane.path_flag(), code.path()),
+    ])
+}
+
+/// The release native filter; `scripts/test` builds it before the integration tests run.
+pub fn native_module_path() -> Result<PathBuf> {
+    let path = match std::env::var("SKEWGATE_NATIVE_MODULE") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => repo_root().join("target/release/libskewgate_native.so"),
+    };
+    if !path.exists() {
+        bail!(
+            "{} not found: build it with `cargo build -p skewgate-native --release`",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 /// The release filter; `scripts/test` builds it before the integration tests run.

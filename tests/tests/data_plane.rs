@@ -14,6 +14,12 @@ use skewgate_tests::{
 };
 
 const CLAIMS_V1BETA2: &str = "/apis/resource.k8s.io/v1beta2/namespaces/default/resourceclaims";
+/// The labels of the filter's counters for `CLAIMS_V1BETA2`.
+const CLAIMS_LABELS: &[(&str, &str)] = &[
+    ("group", "resource.k8s.io"),
+    ("version", "v1beta2"),
+    ("resource", "resourceclaims"),
+];
 
 /// kube-apiserver --request-timeout of 1 s: Envoy bounds short requests at 11 s.
 fn short_timeout() -> EnvoyOptions {
@@ -561,7 +567,7 @@ async fn a_local_apiserver_restarted_without_a_resource_gives_503_not_404() -> R
     assert_eq!(resp.text().await?, "404 page not found\n");
     assert_eq!(
         envoy
-            .stat("wasmcustom.skewgate_not_served_404_total;group=resource.k8s.io;version=v1beta2;resource=resourceclaims")
+            .filter_stat("skewgate_not_served_404_total", CLAIMS_LABELS)
             .await?,
         2
     );
@@ -628,7 +634,7 @@ async fn a_retained_resource_is_answered_503_by_the_filter() -> Result<()> {
     assert_eq!(resp.status(), 200);
     assert_eq!(
         edited
-            .stat("wasmcustom.skewgate_retained_unavailable_total;group=resource.k8s.io;version=v1beta2;resource=resourceclaims")
+            .filter_stat("skewgate_retained_unavailable_total", CLAIMS_LABELS)
             .await?,
         1
     );

@@ -130,7 +130,7 @@ fn run_accepts_its_args() -> Result<()> {
         "the compose suites and the README read /debug/skew on 127.0.0.1:18002"
     );
     assert_eq!(
-        config.wasm,
+        Path::new(config.filter_code.path()),
         Path::new("/usr/lib/skewgate/skewgate_filter.wasm"),
         "deploy/image/build puts the filter there"
     );

@@ -23,7 +23,7 @@ use serde_json::json;
 use skewgate_control::envoy::goaway::{self, ConnectionDrain};
 use skewgate_control::local_channels::{LocalChannel, ADMIN_SOCKET};
 use skewgate_tests::{
-    control_bin, envoy_bin, free_port, local_get, repo_root, wasm_path, SimApiserver,
+    control_bin, envoy_bin, filter_flags, free_port, local_get, repo_root, SimApiserver,
 };
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
@@ -93,7 +93,7 @@ impl Node {
             .arg("--insecure-plaintext-listener")
             .arg(format!("--local-apiserver-url={}", sim.url()))
             .arg("--insecure-plaintext-upstreams")
-            .arg(format!("--wasm={}", wasm_path()?.display()))
+            .args(filter_flags()?)
             // No control plane: Envoy serves its local-only fallback after this wait.
             .arg("--control-plane-wait=200ms")
             .arg(format!("--socket-dir={}", run.display()))

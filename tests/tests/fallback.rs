@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use skewgate_tests::live::*;
 use skewgate_tests::{
-    client, envoy_bin, eventually, free_port, header, wasm_path, Envoy, Etcd, Probe, SimApiserver,
-    Subject, TestPki, TEST_TOKENS,
+    client, envoy_bin, eventually, filter_flags, free_port, header, Envoy, Etcd, Probe,
+    SimApiserver, Subject, TestPki, TEST_TOKENS,
 };
 use tokio::process::Command;
 
@@ -175,10 +175,10 @@ async fn envoy_serves_local_only_without_its_control_plane_then_the_live_configu
         &[
             [
                 "--control-plane-wait=2s".into(),
-                format!("--wasm={}", wasm_path()?.display()),
                 format!("--local-apiserver-url={}", a.url()),
             ]
             .as_slice(),
+            &filter_flags()?,
             &upstream_tls_flags(&pki),
         ]
         .concat(),
@@ -305,9 +305,9 @@ fn fallback_flags(state: &Path, local: &SimApiserver, pki: &TestPki) -> Result<V
     let mut flags = vec![
         "--control-plane-wait=2s".to_string(),
         format!("--state-dir={}", state.display()),
-        format!("--wasm={}", wasm_path()?.display()),
         format!("--local-apiserver-url={}", local.url()),
     ];
+    flags.extend(filter_flags()?);
     flags.extend(upstream_tls_flags(pki));
     Ok(flags)
 }

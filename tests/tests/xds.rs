@@ -35,7 +35,7 @@ use skewgate_control::xds::{
 };
 use skewgate_core::config::{FilterDialect, SCHEMA_VERSION};
 use skewgate_tests::{
-    client, free_port, header, wait_until, wasm_path, Envoy, Probe, SimApiserver,
+    client, filter_code, free_port, header, wait_until, Envoy, Probe, SimApiserver,
     DEFAULT_REQUEST_TIMEOUT,
 };
 use tokio::sync::{oneshot, watch};
@@ -171,7 +171,7 @@ fn snapshot(
     local: &SimApiserver,
     peers: &[&SimApiserver],
 ) -> Result<Arc<Snapshot>> {
-    let wasm = wasm_path()?;
+    let filter_code = filter_code()?;
     let addresses: Vec<(String, Address)> = peers
         .iter()
         .map(|p| (p.id.clone(), p.address.clone()))
@@ -179,7 +179,7 @@ fn snapshot(
     Ok(Arc::new(Snapshot::from_plan(
         plan,
         &SnapshotInputs {
-            wasm_path: &wasm,
+            filter_code: &filter_code,
             local: &local.address,
             peers: &addresses,
             upstream_sds: None,
@@ -290,11 +290,10 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
         "\"peer_cluster\":\"skewgate-peers-undeclared\"",
     );
     assert_ne!(bad_json, good_json);
-    let wasm = wasm_path()?;
-    let wasm = wasm.to_str().context("wasm path")?;
+    let filter_code = filter_code()?;
     let bad = Arc::new(Snapshot {
         clusters: good.clusters.clone(),
-        extension_configs: Snapshot::new([], [filter_extension_config(wasm, &bad_json)])
+        extension_configs: Snapshot::new([], [filter_extension_config(&filter_code, &bad_json)])
             .extension_configs,
         ..Default::default()
     });
@@ -432,7 +431,7 @@ async fn envoy_advertising(
 ) -> Result<Envoy> {
     let channels = LocalChannels::unix(dir)?;
     let listen = Address::parse(&format!("127.0.0.1:{}", free_port()?))?;
-    let wasm = wasm_path()?;
+    let filter_code = filter_code()?;
     let mut bootstrap = Bootstrap {
         listen: &listen,
         admin: channels.admin(),
@@ -444,7 +443,7 @@ async fn envoy_advertising(
         peer: None,
         fallback: Some(FallbackInputs {
             wait: Duration::from_secs(2),
-            wasm_path: &wasm,
+            filter_code: &filter_code,
             local: &local.address,
             upstream_sds: None,
             local_apiserver: &local.id,

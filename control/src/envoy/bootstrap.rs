@@ -79,7 +79,9 @@ use prost::Message;
 
 use super::fallback::{self, FallbackInputs, Waits, MIN_WAIT};
 use super::goaway::GoawayFile;
-use super::resources::{envoy_address, proto_duration, HTTP_PROTOCOL_OPTIONS, WASM_TYPE_URL};
+use super::resources::{
+    envoy_address, proto_duration, DYNAMIC_MODULE_TYPE_URL, HTTP_PROTOCOL_OPTIONS, WASM_TYPE_URL,
+};
 use super::secrets::{sds_secret_config, CLIENT_CA_SECRET, SERVING_SECRET};
 use super::{checked_path, Address, EnvoyError, FILTER_NAME, REQUEST_TIMEOUT_MARGIN};
 use crate::envoy::dialect::node_metadata;
@@ -567,7 +569,9 @@ fn http_connection_manager(
                     ExtensionConfigSource {
                         config_source: Some(filter_source),
                         default_config: default_filter,
-                        type_urls: vec![WASM_TYPE_URL.into()],
+                        // Either data plane: `run --data-plane` chooses, and switching it
+                        // needs no new bootstrap.
+                        type_urls: vec![WASM_TYPE_URL.into(), DYNAMIC_MODULE_TYPE_URL.into()],
                         ..Default::default()
                     },
                 )),
@@ -1173,7 +1177,7 @@ mod tests {
         assert_eq!(dynamic.cds_config, Some(ads_source(Duration::ZERO)));
         let ecds = filter_discovery(&b);
         assert_eq!(ecds.config_source, Some(ads_source(Duration::ZERO)));
-        assert_eq!(ecds.type_urls, [WASM_TYPE_URL]);
+        assert_eq!(ecds.type_urls, [WASM_TYPE_URL, DYNAMIC_MODULE_TYPE_URL]);
         assert!(ecds.default_config.is_none());
 
         let hcm = hcm(&b);
@@ -1501,7 +1505,7 @@ mod tests {
     ) -> FallbackInputs<'a> {
         FallbackInputs {
             wait,
-            wasm_path: Path::new("/opt/skewgate.wasm"),
+            filter_code: &crate::test_fixtures::OPT_WASM,
             local,
             upstream_sds: None,
             local_apiserver: "cp-1",

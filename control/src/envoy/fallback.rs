@@ -33,7 +33,7 @@ use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::google::protobuf::Any;
 
 use super::resources::{
-    cluster, failover_cluster, filter_extension_config, variants, wasm_path, Role,
+    cluster, failover_cluster, filter_extension_config, variants, FilterCode, Role,
 };
 use super::{Address, EnvoyError};
 use crate::routing::peer_cluster_name;
@@ -44,8 +44,8 @@ use crate::routing::peer_cluster_name;
 pub struct FallbackInputs<'a> {
     /// The whole bound: CDS and ECDS together wait at most this long (see [`Waits::split`]).
     pub wait: Duration,
-    /// `skewgate_filter.wasm` as Envoy sees it.
-    pub wasm_path: &'a Path,
+    /// The filter's code as Envoy sees it (`run --data-plane` and its path).
+    pub filter_code: &'a FilterCode,
     /// The apiserver this Envoy fronts.
     pub local: &'a Address,
     /// The directory of the SDS files of the peer CA and the proxy-client certificate;
@@ -318,7 +318,7 @@ pub fn render(inputs: &FallbackInputs<'_>) -> Result<RenderedFallback, EnvoyErro
             }
         }
     }
-    let filter = filter_extension_config(wasm_path(inputs.wasm_path)?, &config.to_json())
+    let filter = filter_extension_config(inputs.filter_code, &config.to_json())
         .typed_config
         .ok_or(EnvoyError::Fallback(
             "the filter entry has no configuration",
@@ -360,7 +360,7 @@ mod tests {
         let local = Address::parse("127.0.0.1:6443").expect("address");
         let inputs = FallbackInputs {
             wait: Duration::from_secs(30),
-            wasm_path: Path::new("/opt/skewgate.wasm"),
+            filter_code: &crate::test_fixtures::wasm_code("/opt/skewgate.wasm"),
             local: &local,
             upstream_sds: Some(Path::new("/var/lib/skewgate/sds")),
             local_apiserver: "cp-1",
@@ -389,8 +389,10 @@ mod tests {
             assert_eq!(*fallback, live);
             assert!(fallback.transport_socket.is_some(), "TLS to the apiserver");
         }
-        let live =
-            filter_extension_config("/opt/skewgate.wasm", &local_only_config("cp-1").to_json());
+        let live = filter_extension_config(
+            &crate::test_fixtures::wasm_code("/opt/skewgate.wasm"),
+            &local_only_config("cp-1").to_json(),
+        );
         assert_eq!(Some(rendered.filter), live.typed_config);
     }
 
@@ -449,7 +451,7 @@ mod tests {
         let local = Address::parse("127.0.0.1:6443").expect("address");
         let inputs = FallbackInputs {
             wait: Duration::from_secs(30),
-            wasm_path: Path::new("/opt/skewgate.wasm"),
+            filter_code: &crate::test_fixtures::wasm_code("/opt/skewgate.wasm"),
             local: &local,
             upstream_sds: None,
             local_apiserver: "cp-1",
@@ -553,7 +555,7 @@ mod tests {
         let local = Address::parse("127.0.0.1:6443").expect("address");
         let rendered = render(&FallbackInputs {
             wait: Duration::from_secs(30),
-            wasm_path: Path::new("/opt/skewgate.wasm"),
+            filter_code: &crate::test_fixtures::wasm_code("/opt/skewgate.wasm"),
             local: &local,
             upstream_sds: None,
             local_apiserver: "cp-1",

@@ -34,6 +34,8 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
 use envoy_types::pb::envoy::extensions::clusters::aggregate::v3::ClusterConfig as AggregateConfig;
+use envoy_types::pb::envoy::extensions::dynamic_modules::v3::DynamicModuleConfig;
+use envoy_types::pb::envoy::extensions::filters::http::dynamic_modules::v3::DynamicModuleFilter;
 use envoy_types::pb::envoy::extensions::filters::http::header_mutation::v3::{
     HeaderMutation as HeaderMutationFilter, Mutations,
 };
@@ -78,6 +80,12 @@ pub const WASM_RUNTIME: &str = "envoy.wasm.runtime.v8";
 pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 /// The type of the filter's ECDS resource: the Wasm HTTP filter.
 pub const WASM_TYPE_URL: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+/// The type of the filter's ECDS resource with `--data-plane native`.
+pub const DYNAMIC_MODULE_TYPE_URL: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
+/// Where the native filter's metrics are named: proxy-wasm's namespace, so that both data
+/// planes' metrics have one name.
+pub const NATIVE_METRICS_NAMESPACE: &str = "wasmcustom";
 const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
 
 /// The metadata namespace of skewgate's endpoint metadata.
@@ -594,46 +602,128 @@ pub fn cluster(
     })
 }
 
-/// The filter configuration as the ECDS resource named like the HTTP filter: the Wasm filter,
-/// with `configuration` a `google.protobuf.StringValue` holding
-/// `configuration_json` (the filter parses and validates it in `on_configure`; a refusal is a
-/// NACK).
-pub fn filter_extension_config(wasm_path: &str, configuration_json: &str) -> TypedExtensionConfig {
-    let wasm = Wasm {
-        config: Some(PluginConfig {
-            name: FILTER_NAME.to_string(),
-            // A crashed VM is replaced for the next request; until then requests fail rather
-            // than bypass the header hygiene.
-            failure_policy: FailurePolicy::FailReload as i32,
-            vm: Some(Vm::VmConfig(VmConfig {
-                vm_id: VM_ID.to_string(),
-                runtime: WASM_RUNTIME.to_string(),
-                code: Some(AsyncDataSource {
-                    specifier: Some(async_data_source::Specifier::Local(DataSource {
-                        specifier: Some(data_source::Specifier::Filename(wasm_path.to_string())),
-                        ..Default::default()
-                    })),
-                }),
+/// Which build of the filter Envoy runs (`--data-plane`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DataPlane {
+    /// The proxy-wasm filter (`skewgate_filter.wasm`) in Envoy's V8 sandbox: portable, and a
+    /// crash is the VM's, replaced for the next request.
+    #[default]
+    Wasm,
+    /// The Envoy 1.40 dynamic module (`libskewgate_native.so`) in Envoy's own process: the
+    /// same core at Envoy's speed, without a sandbox (a crash is Envoy's), and only for the
+    /// Envoy version it was built for.
+    Native,
+}
+
+impl DataPlane {
+    /// The type of the filter's ECDS resource.
+    pub fn type_url(self) -> &'static str {
+        match self {
+            DataPlane::Wasm => WASM_TYPE_URL,
+            DataPlane::Native => DYNAMIC_MODULE_TYPE_URL,
+        }
+    }
+
+    /// Its `--data-plane` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataPlane::Wasm => "wasm",
+            DataPlane::Native => "native",
+        }
+    }
+
+    /// The flag that names this data plane's file.
+    pub fn path_flag(self) -> &'static str {
+        match self {
+            DataPlane::Wasm => "--wasm",
+            DataPlane::Native => "--native-module",
+        }
+    }
+}
+
+/// The filter's code as Envoy loads it: the data plane and its file on the Envoy host (Envoy
+/// reads it; it is not sent over xDS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterCode {
+    pub data_plane: DataPlane,
+    path: String,
+}
+
+impl FilterCode {
+    /// A path Envoy's configuration can carry: UTF-8, not empty, no control characters.
+    pub fn new(data_plane: DataPlane, path: &Path) -> Result<Self, EnvoyError> {
+        let what = match data_plane {
+            DataPlane::Wasm => "the wasm path",
+            DataPlane::Native => "the native module path",
+        };
+        let text = path.to_str().ok_or(EnvoyError::Unsafe(what))?;
+        if text.is_empty() || text.chars().any(char::is_control) {
+            return Err(EnvoyError::Unsafe(what));
+        }
+        Ok(FilterCode {
+            data_plane,
+            path: text.to_string(),
+        })
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+/// The filter configuration as the ECDS resource named like the HTTP filter, for either data
+/// plane, with the same filter configuration (`configuration_json`, a
+/// `google.protobuf.StringValue`; the filter parses and validates it, and a refusal is a NACK).
+pub fn filter_extension_config(
+    code: &FilterCode,
+    configuration_json: &str,
+) -> TypedExtensionConfig {
+    let configuration = Some(pack_any(StringValue {
+        value: configuration_json.to_string(),
+    }));
+    let local_file = |path: &str| AsyncDataSource {
+        specifier: Some(async_data_source::Specifier::Local(DataSource {
+            specifier: Some(data_source::Specifier::Filename(path.to_string())),
+            ..Default::default()
+        })),
+    };
+    let typed_config = match code.data_plane {
+        DataPlane::Wasm => pack_any(Wasm {
+            config: Some(PluginConfig {
+                name: FILTER_NAME.to_string(),
+                // A crashed VM is replaced for the next request; until then requests fail
+                // rather than bypass the header hygiene.
+                failure_policy: FailurePolicy::FailReload as i32,
+                vm: Some(Vm::VmConfig(VmConfig {
+                    vm_id: VM_ID.to_string(),
+                    runtime: WASM_RUNTIME.to_string(),
+                    code: Some(local_file(code.path())),
+                    ..Default::default()
+                })),
+                configuration,
                 ..Default::default()
-            })),
-            configuration: Some(pack_any(StringValue {
-                value: configuration_json.to_string(),
-            })),
+            }),
+        }),
+        DataPlane::Native => pack_any(DynamicModuleFilter {
+            dynamic_module_config: Some(DynamicModuleConfig {
+                module: Some(local_file(code.path())),
+                // The module keeps no state across loads worth unloading for; an unload under
+                // a stream still running would be a crash.
+                do_not_close: true,
+                // The proxy-wasm filter's namespace: the same stat names, the same tags
+                // (`stats_config`), the same Prometheus names.
+                metrics_namespace: NATIVE_METRICS_NAMESPACE.to_string(),
+                ..Default::default()
+            }),
+            filter_name: FILTER_NAME.to_string(),
+            filter_config: configuration,
             ..Default::default()
         }),
     };
     TypedExtensionConfig {
         name: FILTER_NAME.to_string(),
-        typed_config: Some(pack_any(wasm)),
+        typed_config: Some(typed_config),
     }
-}
-
-pub(crate) fn wasm_path(path: &Path) -> Result<&str, EnvoyError> {
-    let wasm = path.to_str().ok_or(EnvoyError::Unsafe("the wasm path"))?;
-    if wasm.is_empty() || wasm.chars().any(char::is_control) {
-        return Err(EnvoyError::Unsafe("the wasm path"));
-    }
-    Ok(wasm)
 }
 
 #[cfg(test)]
@@ -786,7 +876,7 @@ mod tests {
         let secure = Snapshot::from_plan(
             &p,
             &SnapshotInputs {
-                wasm_path: Path::new("/opt/skewgate.wasm"),
+                filter_code: &crate::test_fixtures::wasm_code("/opt/skewgate.wasm"),
                 local: &world.local,
                 peers: &world.peers,
                 upstream_sds: Some(sds_dir),
@@ -882,7 +972,7 @@ mod tests {
         let mut p = plan(&[("x.io", "v1", "widgets")], &[]);
         p.clusters[0].peer_ids = vec!["nobody".into()];
         let inputs = SnapshotInputs {
-            wasm_path: Path::new("/x.wasm"),
+            filter_code: &crate::test_fixtures::wasm_code("/x.wasm"),
             local: &world.local,
             peers: &world.peers,
             upstream_sds: None,
@@ -891,15 +981,14 @@ mod tests {
             Snapshot::from_plan(&p, &inputs),
             Err(EnvoyError::UnknownPeer(id)) if id == "nobody"
         ));
-        let p = plan(&[], &[]);
-        let inputs = SnapshotInputs {
-            wasm_path: Path::new("/x\n.wasm"),
-            ..inputs
-        };
-        assert!(matches!(
-            Snapshot::from_plan(&p, &inputs),
-            Err(EnvoyError::Unsafe(_))
-        ));
+        for data_plane in [DataPlane::Wasm, DataPlane::Native] {
+            for path in ["/x\n.so", ""] {
+                assert!(matches!(
+                    FilterCode::new(data_plane, Path::new(path)),
+                    Err(EnvoyError::Unsafe(_))
+                ));
+            }
+        }
     }
 
     /// The failover clusters: an aggregate of the local apiserver's cluster and the peers' of

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::envoy::goaway::{GoawayChance, GOAWAY_FILE};
+use crate::envoy::resources::FilterCode;
 use crate::envoy::{Address, ServingTls, UpstreamTls};
+use crate::flags::DataPlaneFlags;
 use crate::flags::{
-    absolute, parse_control_plane_wait, parse_local_url, sds_dir, FlagError, ListenerFlags,
+    parse_control_plane_wait, parse_local_url, sds_dir, FlagError, ListenerFlags,
     LocalChannelFlags, Scheme, UpstreamTlsFlags, DEFAULT_STATE_DIR,
 };
 use crate::local_channels::LocalChannels;
@@ -36,9 +38,9 @@ pub struct BootstrapArgs {
     /// flags (as for `run`).
     #[arg(long, default_value = "30s", value_parser = parse_control_plane_wait, value_name = "DURATION")]
     pub control_plane_wait: Duration,
-    /// skewgate_filter.wasm as Envoy sees it (absolute; `run --wasm`), for the fallback.
-    #[arg(long, value_name = "PATH")]
-    pub wasm: Option<PathBuf>,
+    /// The filter Envoy runs (as `run` gives it): its path is needed for the fallback.
+    #[command(flatten)]
+    pub data_plane: DataPlaneFlags,
     #[command(flatten)]
     pub upstream: UpstreamTlsFlags,
     /// A directory Envoy can read (absolute; needed with TLS) where the SDS files of the
@@ -65,7 +67,7 @@ pub struct BootstrapArgs {
 #[derive(Debug, Clone)]
 pub struct FallbackSettings {
     pub wait: Duration,
-    pub wasm: PathBuf,
+    pub filter_code: FilterCode,
     pub upstream: Option<UpstreamTls>,
 }
 
@@ -156,20 +158,20 @@ impl BootstrapArgs {
         if self.control_plane_wait.is_zero() {
             return Ok(None);
         }
-        let (Some(wasm), Some(_)) = (&self.wasm, &self.local_apiserver_url) else {
-            return Err(FlagError::Combination(
-                "--control-plane-wait (default 30s) needs --wasm and --local-apiserver-url: when \
+        let (Some(filter_code), Some(_)) = (self.data_plane.resolve()?, &self.local_apiserver_url)
+        else {
+            return Err(FlagError::Combination(format!(
+                "--control-plane-wait (default 30s) needs {} and --local-apiserver-url: when \
                  the control plane has not configured Envoy in time, Envoy serves local-only \
-                 routing to the local apiserver (--control-plane-wait=0 waits forever instead)"
-                    .into(),
-            ));
+                 routing to the local apiserver (--control-plane-wait=0 waits forever instead)",
+                self.data_plane.data_plane.path_flag()
+            )));
         };
-        absolute("--wasm", wasm)?;
         let (scheme, upstream) = self.upstream.resolve()?;
         Ok(Some((
             FallbackSettings {
                 wait: self.control_plane_wait,
-                wasm: wasm.clone(),
+                filter_code,
                 upstream,
             },
             scheme,

@@ -137,7 +137,10 @@ async fn wait_true(mut rx: watch::Receiver<bool>) {
 
 async fn run_async(config: RunConfig) -> Result<()> {
     let config = Arc::new(config);
-    readable(&config.wasm, "--wasm")?;
+    readable(
+        std::path::Path::new(config.filter_code.path()),
+        config.filter_code.data_plane.path_flag(),
+    )?;
     // Before anything listens: a state directory another user owns is refused here.
     let restored = restore_state(&config).context("--state-dir")?;
     if let Some(tls) = &config.upstream_tls {
@@ -379,7 +382,7 @@ fn render(config: &BootstrapConfig) -> Result<Vec<u8>> {
     let fallback = match (&config.fallback, &config.local) {
         (Some(flags), Some(local)) => Some(FallbackInputs {
             wait: flags.wait,
-            wasm_path: &flags.wasm,
+            filter_code: &flags.filter_code,
             local,
             upstream_sds: flags.upstream.as_ref().and(config.sds_dir.as_deref()),
             local_apiserver: &config.node_id,

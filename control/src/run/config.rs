@@ -5,10 +5,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::envoy::resources::FilterCode;
 use crate::envoy::UpstreamTls;
+use crate::flags::DataPlaneFlags;
 use crate::flags::{
-    absolute, parse_duration, parse_local_url, parse_socket_address, sds_dir, FlagError,
-    LocalApiserver, LocalChannelFlags, PeerCidrs, Scheme, UpstreamTlsFlags, DEFAULT_STATE_DIR,
+    parse_duration, parse_local_url, parse_socket_address, sds_dir, FlagError, LocalApiserver,
+    LocalChannelFlags, PeerCidrs, Scheme, UpstreamTlsFlags, DEFAULT_STATE_DIR,
 };
 use crate::local_channels::LocalChannels;
 use crate::peers::{AddressPolicy, LocalSelector, MappingEntry, PeerConfig};
@@ -88,9 +90,8 @@ pub struct RunArgs {
     /// authentication): a loopback address only. Off without it.
     #[arg(long, value_parser = crate::health::parse_debug_listen, value_name = "IP:PORT")]
     pub debug_listen: Option<SocketAddr>,
-    /// skewgate_filter.wasm as Envoy sees it (absolute path).
-    #[arg(long, value_name = "PATH")]
-    pub wasm: PathBuf,
+    #[command(flatten)]
+    pub data_plane: DataPlaneFlags,
     /// The first snapshot waits for the identity leases and every live peer's discovery for at
     /// most this long (the local apiserver's discovery is always needed).
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
@@ -144,7 +145,7 @@ pub struct RunConfig {
     pub health_listen: SocketAddr,
     /// `None`: `/debug/skew` is not served.
     pub debug_listen: Option<SocketAddr>,
-    pub wasm: PathBuf,
+    pub filter_code: FilterCode,
     pub initial_sync_timeout: Duration,
     pub discovery_refresh_interval: Duration,
     pub discovery_timeout: Duration,
@@ -218,7 +219,7 @@ impl RunArgs {
         let local_channels = self.channels.resolve()?;
         let sds_dir = sds_dir(self.sds_dir.as_deref(), upstream_tls.is_some())?;
         let local_api = parse_local_url(self.local_apiserver_url.trim(), scheme)?;
-        absolute("--wasm", &self.wasm)?;
+        let filter_code = self.data_plane.require()?;
         if self.debug_listen == Some(self.health_listen) {
             return Err(FlagError::Combination(
                 "--debug-listen and --health-listen must differ (two listeners, so /metrics can be exposed without /debug/skew)".into(),
@@ -247,7 +248,7 @@ impl RunArgs {
             local_channels,
             health_listen: self.health_listen,
             debug_listen: self.debug_listen,
-            wasm: self.wasm.clone(),
+            filter_code,
             initial_sync_timeout: self.initial_sync_timeout,
             discovery_refresh_interval: self.discovery_refresh_interval,
             discovery_timeout: self.discovery_timeout,

@@ -780,7 +780,7 @@ impl Orchestrator {
             retained: &retained,
             shared_storage: &storage.group_versions,
             local_freshness: fingerprint.local_freshness,
-            wasm_path: &self.config.wasm,
+            filter_code: &self.config.filter_code,
             // With TLS, `--sds-dir` holds the SDS files written at start (`cli::run_async`).
             upstream_sds: self.config.sds_dir.as_deref(),
         })

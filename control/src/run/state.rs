@@ -266,7 +266,6 @@ mod tests {
     use crate::plan::{plan, ApiserverView, MergedOutcome, Plan, PlanError, PlanInputs};
     use crate::routing;
     use skewgate_core::config::{UpstreamAuth, LOCAL_CLUSTER};
-    use std::path::Path;
     use std::time::SystemTime;
 
     use crate::test_fixtures::{K130, K133};
@@ -502,7 +501,7 @@ mod tests {
                 retained: &[],
                 shared_storage: shared,
                 local_freshness: crate::routing::LocalFreshness::Current,
-                wasm_path: Path::new("/opt/skewgate.wasm"),
+                filter_code: &crate::test_fixtures::wasm_code("/opt/skewgate.wasm"),
                 upstream_sds: None,
             })
         }
@@ -628,7 +627,7 @@ mod tests {
             retained: &[],
             shared_storage: &BTreeSet::new(),
             local_freshness: crate::routing::LocalFreshness::Current,
-            wasm_path: Path::new("/opt/skewgate.wasm"),
+            filter_code: &crate::test_fixtures::wasm_code("/opt/skewgate.wasm"),
             upstream_sds: None,
         });
         assert!(matches!(err, Err(PlanError::NoLocalDiscovery)));

@@ -12,7 +12,9 @@ use skewgate_core::group_version::GroupVersion;
 
 use super::{write, StaticConfig};
 use crate::discovery::documents::DiscoveryDocuments;
+use crate::envoy::resources::FilterCode;
 use crate::envoy::{Address, ServingTls, UpstreamTls};
+use crate::flags::DataPlaneFlags;
 use crate::flags::{parse_address, FlagError, ListenerFlags, LocalChannelFlags, UpstreamTlsFlags};
 use crate::local_channels::LocalChannels;
 use crate::plan::{ApiserverView, MergedOutcome};
@@ -31,9 +33,8 @@ pub struct RenderStaticArgs {
     /// never proxied: `GROUP/VERSION`. Repeatable.
     #[arg(long = "shared-storage", value_parser = parse_group_version, value_name = "GROUP/VERSION")]
     pub shared_storage: Vec<GroupVersion>,
-    /// Path of skewgate_filter.wasm, as Envoy will see it.
-    #[arg(long)]
-    pub wasm: PathBuf,
+    #[command(flatten)]
+    pub data_plane: DataPlaneFlags,
     /// Where to write the configuration (created if missing): `envoy.pb` (start Envoy with
     /// `envoy -c DIR/envoy.pb`), the clusters and the filter configuration it reads
     /// (`clusters.pb`, `filter.pb`), the SDS files naming the certificates (`skewgate-*.pb`),
@@ -92,7 +93,7 @@ pub struct RenderStaticConfig {
     /// The local apiserver first, then the peers in the order given.
     pub apiservers: Vec<ApiserverSpec>,
     pub shared_storage: BTreeSet<GroupVersion>,
-    pub wasm: PathBuf,
+    pub filter_code: FilterCode,
     pub out_dir: PathBuf,
     pub listen: Address,
     pub request_timeout: Duration,
@@ -137,7 +138,7 @@ impl RenderStaticArgs {
         Ok(RenderStaticConfig {
             apiservers,
             shared_storage: self.shared_storage.iter().cloned().collect(),
-            wasm: self.wasm.clone(),
+            filter_code: self.data_plane.require()?,
             out_dir: self.out_dir.clone(),
             listen: self.listener.listen.clone(),
             request_timeout: self.listener.request_timeout,
@@ -181,7 +182,7 @@ pub fn render_static(args: RenderStaticArgs) -> Result<()> {
         local: *local,
         peers,
         shared_storage: &config.shared_storage,
-        wasm_path: &config.wasm,
+        filter_code: &config.filter_code,
         listen: &config.listen,
         admin: config.channels.admin(),
         request_timeout: config.request_timeout,

@@ -14,6 +14,7 @@ use std::time::Duration;
 use skewgate_core::group_version::GroupVersion;
 
 use crate::envoy::bootstrap::{Bootstrap, ConfigSource, PeerPassthrough};
+use crate::envoy::resources::FilterCode;
 use crate::envoy::secrets::{serving_secrets, upstream_secrets};
 use crate::envoy::{Address, EnvoyError, ServingTls, UpstreamTls};
 use crate::local_channels::LocalChannel;
@@ -35,8 +36,8 @@ pub struct StaticConfig<'a> {
     pub local: ApiserverView<'a>,
     pub peers: &'a [ApiserverView<'a>],
     pub shared_storage: &'a BTreeSet<GroupVersion>,
-    /// `skewgate_filter.wasm` as Envoy sees it.
-    pub wasm_path: &'a Path,
+    /// The filter's code as Envoy sees it.
+    pub filter_code: &'a FilterCode,
     pub listen: &'a Address,
     /// Envoy's admin interface (its socket directory must exist).
     pub admin: &'a LocalChannel,
@@ -93,7 +94,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
         retained: &[],
         shared_storage: config.shared_storage,
         local_freshness: crate::routing::LocalFreshness::Current,
-        wasm_path: config.wasm_path,
+        filter_code: config.filter_code,
         upstream_sds: config.upstream_tls.map(|_| dir.as_path()),
     })?;
     files::write(&dir, &planned.snapshot).map_err(io(&dir))?;

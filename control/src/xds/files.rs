@@ -138,7 +138,7 @@ mod tests {
         let snapshot = Snapshot::from_plan(
             &plan,
             &SnapshotInputs {
-                wasm_path: Path::new("/opt/skewgate.wasm"),
+                filter_code: &crate::test_fixtures::wasm_code("/opt/skewgate.wasm"),
                 local: &local,
                 peers: &peers,
                 upstream_sds: None,

@@ -22,7 +22,7 @@ use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
 use crate::envoy::fallback::AcknowledgedConfig;
 use crate::envoy::resources::{
     clusters, departed_cluster_addresses, failover_bases, filter_extension_config,
-    peer_cluster_addresses, wasm_path, ClusterInputs,
+    peer_cluster_addresses, ClusterInputs, FilterCode,
 };
 use crate::envoy::{Address, EnvoyError};
 use crate::routing::RoutingPlan;
@@ -30,8 +30,8 @@ use crate::routing::RoutingPlan;
 /// What a snapshot needs besides the routing plan.
 #[derive(Debug, Clone)]
 pub struct SnapshotInputs<'a> {
-    /// `skewgate_filter.wasm` on the Envoy host (Envoy reads it; it is not sent over xDS).
-    pub wasm_path: &'a Path,
+    /// The filter's code on the Envoy host (Envoy reads it; it is not sent over xDS).
+    pub filter_code: &'a FilterCode,
     /// The apiserver this Envoy fronts.
     pub local: &'a Address,
     /// Address of every peer apiserver by id.
@@ -71,12 +71,12 @@ pub struct Snapshot {
     /// This snapshot as Envoy's bootstrap fallback needs it, kept in `run --state-dir` once
     /// Envoy has acknowledged all of it ([`crate::envoy::fallback`]). `None` for snapshots
     /// not made from a routing plan. Its `filter_config` is the one the filter configuration
-    /// was rendered from, and with [`Snapshot::wasm_path`] renders it again for a filter of
+    /// was rendered from, and with [`Snapshot::filter_code`] renders it again for a filter of
     /// another dialect ([`Snapshot::for_filter`]).
     pub acknowledged: Option<Arc<AcknowledgedConfig>>,
     /// The filter's code as the filter configuration names it; `None` for snapshots not made
     /// from a routing plan.
-    pub wasm_path: Option<String>,
+    pub filter_code: Option<FilterCode>,
     /// Set on a stream's view of a snapshot whose filter configuration that stream's filter
     /// cannot read ([`Snapshot::for_filter`]): the filter configuration is neither sent nor
     /// removed (Envoy keeps what it holds), and the clusters it may name stay.
@@ -119,7 +119,7 @@ impl Snapshot {
                 .map(|e| (e.name.clone(), Versioned::new(pack_any(e))))
                 .collect(),
             acknowledged: None,
-            wasm_path: None,
+            filter_code: None,
             filter_withheld: false,
         }
     }
@@ -150,7 +150,6 @@ impl Snapshot {
     /// The resources for a routing plan: the three variants of `skewgate-local` and of each
     /// peer set, and the filter configuration (`plan.config` as JSON).
     pub fn from_plan(plan: &RoutingPlan, inputs: &SnapshotInputs<'_>) -> Result<Self, EnvoyError> {
-        let wasm = wasm_path(inputs.wasm_path)?;
         // Resolved once: the clusters and the fallback record name the same addresses.
         let peer_clusters = peer_cluster_addresses(plan, inputs.peers)?;
         let cluster_inputs = ClusterInputs {
@@ -164,7 +163,10 @@ impl Snapshot {
                 &failover_bases(plan),
                 &cluster_inputs,
             )?,
-            [filter_extension_config(wasm, &plan.config.to_json())],
+            [filter_extension_config(
+                inputs.filter_code,
+                &plan.config.to_json(),
+            )],
         );
         let acknowledged = AcknowledgedConfig {
             filter_config: plan.config.clone(),
@@ -175,7 +177,7 @@ impl Snapshot {
         };
         Ok(Snapshot {
             acknowledged: Some(Arc::new(acknowledged)),
-            wasm_path: Some(wasm.to_string()),
+            filter_code: Some(inputs.filter_code.clone()),
             ..snapshot
         })
     }
@@ -192,7 +194,7 @@ impl Snapshot {
         self: &Arc<Self>,
         dialect: &FilterDialect,
     ) -> (Arc<Snapshot>, FilterDelivery) {
-        let (Some(acknowledged), Some(wasm)) = (&self.acknowledged, &self.wasm_path) else {
+        let (Some(acknowledged), Some(code)) = (&self.acknowledged, &self.filter_code) else {
             return (self.clone(), FilterDelivery::AsRendered);
         };
         let config = match acknowledged.filter_config.for_dialect(dialect) {
@@ -203,7 +205,7 @@ impl Snapshot {
                     clusters: self.clusters.clone(),
                     extension_configs: BTreeMap::new(),
                     acknowledged: None,
-                    wasm_path: None,
+                    filter_code: None,
                     filter_withheld: true,
                 };
                 return (Arc::new(withheld), FilterDelivery::Withheld(unreadable));
@@ -215,7 +217,7 @@ impl Snapshot {
             .difference(&config.uses())
             .copied()
             .collect();
-        let rendered = Self::new([], [filter_extension_config(wasm, &config.to_json())]);
+        let rendered = Self::new([], [filter_extension_config(code, &config.to_json())]);
         let view = Snapshot {
             clusters: self.clusters.clone(),
             extension_configs: rendered.extension_configs,
@@ -223,7 +225,7 @@ impl Snapshot {
                 filter_config: config,
                 peer_clusters: acknowledged.peer_clusters.clone(),
             })),
-            wasm_path: self.wasm_path.clone(),
+            filter_code: self.filter_code.clone(),
             filter_withheld: false,
         };
         (Arc::new(view), FilterDelivery::Without(dropped))

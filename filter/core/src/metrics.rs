@@ -91,6 +91,45 @@ pub enum Counter {
 }
 
 impl Counter {
+    /// One counter of each metric, for a host that defines every metric up front with its
+    /// label names (the native shell); the label values here mean nothing.
+    pub const KINDS: [Counter; 8] = [
+        Counter::DiscoveryCacheHit,
+        Counter::DiscoveryCacheMiss,
+        Counter::DiscoveryNoPeer,
+        Counter::Rerouted {
+            code: 0,
+            gvr: GvrLabel::OTHER,
+        },
+        Counter::PeerProxyError {
+            kind: PeerError::Connect,
+            gvr: GvrLabel::OTHER,
+        },
+        Counter::Retained {
+            gvr: GvrLabel::OTHER,
+        },
+        Counter::PeerDiscoveryPending {
+            gvr: GvrLabel::OTHER,
+        },
+        Counter::NotServed {
+            gvr: GvrLabel::OTHER,
+        },
+    ];
+
+    /// The labels of this counter's metric, in the order [`Counter::stat_name`] writes them.
+    pub fn label_names(self) -> &'static [&'static str] {
+        match self {
+            Counter::Rerouted { .. } => &["code", "group", "version", "resource"],
+            Counter::PeerProxyError { .. } => &["type", "group", "version", "resource"],
+            Counter::Retained { .. }
+            | Counter::PeerDiscoveryPending { .. }
+            | Counter::NotServed { .. } => &["group", "version", "resource"],
+            Counter::DiscoveryCacheHit | Counter::DiscoveryCacheMiss | Counter::DiscoveryNoPeer => {
+                &[]
+            }
+        }
+    }
+
     pub fn metric_name(self) -> &'static str {
         match self {
             Counter::DiscoveryCacheHit => "aggregator_discovery_peer_aggregated_cache_hits_total",
@@ -344,6 +383,17 @@ mod tests {
         ];
         for (counter, want) in cases {
             assert_eq!(counter.stat_name(&labels), want);
+            // A host defining metrics up front (the native shell) reads the same labels.
+            let written: Vec<&str> = want
+                .split(';')
+                .skip(1)
+                .filter_map(|pair| pair.split_once('=').map(|(name, _)| name))
+                .collect();
+            assert_eq!(written, counter.label_names(), "{want}");
+            assert!(Counter::KINDS
+                .iter()
+                .any(|kind| kind.metric_name() == counter.metric_name()
+                    && kind.label_names() == counter.label_names()));
         }
         assert_eq!(
             Counter::Rerouted {

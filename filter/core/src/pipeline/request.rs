@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::cell::Cell;
 use std::fmt;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use super::counters::Metrics;
 use super::host::{Action, Headers, Host, HostError, Level};
@@ -23,14 +24,15 @@ use crate::plan::{
 /// it was planned with, so an id never names another configuration's label).
 #[derive(Debug)]
 pub struct Configured {
-    pub compiled: CompiledConfig,
+    /// Shared by every worker's `Configured` where the host has threads (the native shell).
+    pub compiled: Arc<CompiledConfig>,
     pub metrics: Metrics,
 }
 
 impl Configured {
-    pub fn new(compiled: CompiledConfig) -> Self {
+    pub fn new(compiled: impl Into<Arc<CompiledConfig>>) -> Self {
         Configured {
-            compiled,
+            compiled: compiled.into(),
             metrics: Metrics::default(),
         }
     }
@@ -83,6 +85,15 @@ impl<H: Host> Request<H> {
             replacement_sent: false,
             openapi_root: false,
         }
+    }
+
+    /// The host, for a shell that keeps per-stream state in it.
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    pub fn host_mut(&mut self) -> &mut H {
+        &mut self.host
     }
 
     /// Steps 1-8. A host call that fails makes the request fail closed with a 503 Status: a

@@ -1,0 +1,416 @@
+//! The filter configuration and one stream's filter, over the core's request pipeline
+//! (`skewgate_core::pipeline::Request`) with Envoy's callbacks as its host ([`NativeHost`]).
+//!
+//! Envoy creates the configuration once, on its main thread, and every worker's streams share
+//! it: the compiled routing table and the merged discovery documents are held once per Envoy
+//! process, whatever `--concurrency` is (the proxy-wasm filter holds them per VM, or in shared
+//! data). What the pipeline keeps per worker (its counters' ids, its log limits) is per thread
+//! here too ([`ThreadState`]), so no request takes a lock.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use skewgate_core::config::{ConfigError, FilterConfig, MAX_CONFIG_BYTES};
+use skewgate_core::discovery::MergedDiscovery;
+use skewgate_core::metrics::Counter;
+use skewgate_core::pipeline::{
+    Action, Bytes, Configured, Headers, Host, HostError, Level, Request, Worker,
+};
+use skewgate_core::plan::CompiledConfig;
+use skewgate_core::shared_discovery::{SharedData, StoreError, Versioned};
+
+use crate::ffi::{self, Body, HeaderMap, LogLevel, MetricKind, Refused};
+
+/// The gauge that is 1 while the filter runs the bootstrap's fallback configuration (the
+/// proxy-wasm filter's `skewgate_fallback_configuration`).
+pub const FALLBACK_GAUGE: &str = "skewgate_fallback_configuration";
+
+/// What `on_http_filter_request_headers` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    Continue,
+    Stop,
+}
+
+/// What `on_http_filter_response_body` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyPhase {
+    Continue,
+    /// Keep the body (the local `/openapi/v3` answer until complete).
+    Buffer,
+}
+
+/// Each configuration's number, for the per-thread state made from it.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// One accepted filter configuration, shared by every worker.
+#[derive(Debug)]
+pub struct NativeConfig {
+    generation: u64,
+    compiled: Arc<CompiledConfig>,
+    /// Envoy's metric id of each counter's metric, by metric name.
+    counters: HashMap<&'static str, usize>,
+    fallback_gauge: Option<usize>,
+}
+
+impl NativeConfig {
+    /// Parses, validates and compiles `config` (the filter configuration JSON the control plane
+    /// renders for both data planes); defines the metrics. `None` refuses the configuration:
+    /// Envoy rejects it (a NACK over xDS) and keeps the previous one.
+    pub fn new(envoy: &ffi::FilterConfig<'_>, name: &[u8], config: &[u8]) -> Option<NativeConfig> {
+        let started = Instant::now();
+        if config.len() > MAX_CONFIG_BYTES {
+            ffi::log(
+                LogLevel::Error,
+                format_args!(
+                    "skewgate: {}; keeping the previous configuration",
+                    ConfigError::TooLarge {
+                        bytes: config.len()
+                    }
+                ),
+            );
+            return None;
+        }
+        let parsed = match FilterConfig::from_json(config) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                ffi::log(
+                    LogLevel::Error,
+                    format_args!("skewgate: {e}; keeping the previous configuration"),
+                );
+                return None;
+            }
+        };
+        let discovery = parsed.discovery.as_ref().map(MergedDiscovery::compile);
+        let how = match &parsed.discovery {
+            Some(d) => format!("{} (held once by this Envoy)", d.version),
+            None => "off".to_string(),
+        };
+        let compiled = CompiledConfig::with_discovery(&parsed, discovery);
+        let mut counters = HashMap::new();
+        for kind in Counter::KINDS {
+            match envoy.define(MetricKind::Counter, kind.metric_name(), kind.label_names()) {
+                Ok(id) => {
+                    counters.insert(kind.metric_name(), id);
+                }
+                Err(Refused) => ffi::log(
+                    LogLevel::Warn,
+                    format_args!("skewgate: cannot define metric {}", kind.metric_name()),
+                ),
+            }
+        }
+        let fallback_gauge = envoy.define(MetricKind::Gauge, FALLBACK_GAUGE, &[]).ok();
+        ffi::log(
+            LogLevel::Info,
+            format_args!(
+                "skewgate: configured ({}) for apiserver {:?}: {} group-versions, {} peer clusters, merged discovery {how}; {} bytes in {} ms",
+                String::from_utf8_lossy(name),
+                parsed.local_apiserver,
+                parsed.group_versions.len(),
+                parsed.peer_clusters.len(),
+                config.len(),
+                started.elapsed().as_millis(),
+            ),
+        );
+        if let Some(mode) = compiled.fallback {
+            ffi::log(
+                LogLevel::Warn,
+                format_args!(
+                    "skewgate: FALLBACK configuration ({}) loaded: used while the control plane has not configured this Envoy, until its first configuration replaces it",
+                    mode.as_str()
+                ),
+            );
+        }
+        Some(NativeConfig {
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            compiled: Arc::new(compiled),
+            counters,
+            fallback_gauge,
+        })
+    }
+
+    /// This worker thread's state for this configuration, made on its first stream here.
+    fn thread_state(&self, filter: &ffi::Filter) -> Rc<ThreadState> {
+        THREAD_STATES.with(|states| {
+            let mut states = states.borrow_mut();
+            if let Some((_, state)) = states.iter().find(|(g, _)| *g == self.generation) {
+                return state.clone();
+            }
+            // A newer configuration replaces the older ones on this thread: Envoy creates a
+            // stream's filter from the configuration current when the stream starts, so a
+            // few streams of the previous one may still come; they get a fresh state.
+            states.retain(|(g, _)| g.saturating_add(KEEP_STATES) > self.generation);
+            let state = Rc::new(ThreadState {
+                configured: Rc::new(Configured::new(self.compiled.clone())),
+                worker: Rc::new(Worker::new()),
+                counters: self.counters.clone(),
+                series: RefCell::new(Vec::new()),
+            });
+            states.push((self.generation, state.clone()));
+            if let Some(gauge) = self.fallback_gauge {
+                let on = u64::from(self.compiled.fallback.is_some());
+                if filter.set_gauge(gauge, on).is_err() {
+                    ffi::log(
+                        LogLevel::Warn,
+                        format_args!("skewgate: cannot set metric {FALLBACK_GAUGE}"),
+                    );
+                }
+            }
+            state
+        })
+    }
+}
+
+/// Per-thread states kept for configurations this many generations back.
+const KEEP_STATES: u64 = 4;
+
+thread_local! {
+    static THREAD_STATES: RefCell<Vec<(u64, Rc<ThreadState>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// What one worker thread keeps for one configuration.
+#[derive(Debug)]
+struct ThreadState {
+    configured: Rc<Configured>,
+    worker: Rc<Worker>,
+    counters: HashMap<&'static str, usize>,
+    /// Each label set the pipeline defined (its metric id is the index): the metric's id and
+    /// the label values, bounded by the pipeline's own series cap.
+    series: RefCell<Vec<(usize, Vec<String>)>>,
+}
+
+/// One stream's filter.
+pub struct NativeFilter {
+    request: Request<NativeHost>,
+}
+
+impl NativeFilter {
+    pub fn new(config: &NativeConfig, filter: ffi::Filter) -> NativeFilter {
+        let state = config.thread_state(&filter);
+        let host = NativeHost {
+            filter,
+            state: state.clone(),
+            body: BodyView::default(),
+        };
+        NativeFilter {
+            request: Request::new(host, state.configured.clone(), state.worker.clone()),
+        }
+    }
+
+    pub fn on_request_headers(&mut self) -> Next {
+        match self.request.on_request_headers() {
+            Action::Continue => Next::Continue,
+            Action::Pause => Next::Stop,
+        }
+    }
+
+    pub fn on_response_headers(&mut self, end_of_stream: bool) {
+        self.request.on_response_headers(end_of_stream);
+    }
+
+    /// The body at hand is what this filter buffered so far plus the piece just received
+    /// (proxy-wasm gives its size the same way).
+    pub fn on_response_body(&mut self, end_of_stream: bool) -> BodyPhase {
+        let size = self.request.host_mut().measure_body();
+        match self.request.on_response_body(size, end_of_stream) {
+            Action::Continue => BodyPhase::Continue,
+            Action::Pause => BodyPhase::Buffer,
+        }
+    }
+}
+
+/// The response body as one stream's hook sees it: the buffered part and the received piece.
+#[derive(Debug, Default, Clone, Copy)]
+struct BodyView {
+    buffered: usize,
+    received: usize,
+}
+
+impl BodyView {
+    fn measure(&mut self, filter: &ffi::Filter) -> usize {
+        let received = filter.body_size(Body::ReceivedResponse).unwrap_or(0);
+        // When the piece received is the buffer itself (an earlier filter buffered the whole
+        // body), it counts once.
+        let buffered = if filter.received_is_buffered().unwrap_or(false) {
+            0
+        } else {
+            filter.body_size(Body::BufferedResponse).unwrap_or(0)
+        };
+        *self = BodyView { buffered, received };
+        buffered.saturating_add(received)
+    }
+}
+
+/// The core's [`Host`] by Envoy's dynamic-module callbacks.
+pub struct NativeHost {
+    filter: ffi::Filter,
+    state: Rc<ThreadState>,
+    body: BodyView,
+}
+
+impl NativeHost {
+    fn measure_body(&mut self) -> usize {
+        self.body.measure(&self.filter)
+    }
+}
+
+/// A refused callback, in the core's terms (Envoy gives no code: 1 is "refused").
+fn refused(_: Refused) -> HostError {
+    HostError(1)
+}
+
+fn header_map(map: Headers) -> HeaderMap {
+    match map {
+        Headers::Request => HeaderMap::Request,
+        Headers::Response => HeaderMap::Response,
+    }
+}
+
+impl Host for NativeHost {
+    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, HostError> {
+        self.filter.headers(HeaderMap::Request).map_err(refused)
+    }
+
+    fn response_header(&mut self, name: &str) -> Result<Option<Bytes>, HostError> {
+        self.filter
+            .header(HeaderMap::Response, name)
+            .map_err(refused)
+    }
+
+    /// The one property the pipeline reads; any other is unknown here.
+    fn property(&mut self, path: &[&str]) -> Result<Option<Bytes>, HostError> {
+        match path {
+            ["response", "code_details"] => self.filter.response_code_details().map_err(refused),
+            _ => Ok(None),
+        }
+    }
+
+    fn set_header(
+        &mut self,
+        map: Headers,
+        name: &str,
+        value: Option<&str>,
+    ) -> Result<(), HostError> {
+        self.filter
+            .set_header(header_map(map), name, value.map(str::as_bytes))
+            .map_err(refused)
+    }
+
+    fn add_header(&mut self, map: Headers, name: &str, value: &str) -> Result<(), HostError> {
+        self.filter
+            .add_header(header_map(map), name, value.as_bytes())
+            .map_err(refused)
+    }
+
+    fn clear_route_cache(&mut self) -> Result<(), HostError> {
+        self.filter.clear_route_cache().map_err(refused)
+    }
+
+    fn send_response(
+        &mut self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), HostError> {
+        self.filter
+            .send_response(status, headers, body, "skewgate")
+            .map_err(refused)
+    }
+
+    /// Replaces everything at hand (the pipeline passes the size [`BodyView::measure`] gave):
+    /// the buffered part and the received piece go, `body` takes the received piece's place.
+    fn replace_response_body(&mut self, _size: usize, body: &[u8]) -> Result<(), HostError> {
+        if self.body.buffered > 0 {
+            self.filter
+                .drain_body(Body::BufferedResponse, self.body.buffered)
+                .map_err(refused)?;
+        }
+        if self.body.received > 0 {
+            self.filter
+                .drain_body(Body::ReceivedResponse, self.body.received)
+                .map_err(refused)?;
+        }
+        self.body = BodyView::default();
+        self.filter
+            .append_body(Body::ReceivedResponse, body)
+            .map_err(refused)
+    }
+
+    fn response_body(&mut self, size: usize) -> Result<Option<Bytes>, HostError> {
+        let mut body = if self.body.buffered > 0 {
+            self.filter.body(Body::BufferedResponse).map_err(refused)?
+        } else {
+            Vec::new()
+        };
+        body.extend(self.filter.body(Body::ReceivedResponse).map_err(refused)?);
+        body.truncate(size);
+        Ok(Some(body))
+    }
+
+    /// `name` is the pipeline's stat name, `metric;label=value;...`: the metric was defined
+    /// with its label names when the configuration came; this label set gets an id here.
+    fn define_metric(&mut self, name: &str) -> Result<u32, HostError> {
+        let mut parts = name.split(';');
+        let metric = parts.next().unwrap_or_default();
+        let Some(id) = self.state.counters.get(metric) else {
+            return Err(HostError(2));
+        };
+        let values = parts
+            .map(|pair| pair.split_once('=').map_or("", |(_, v)| v).to_string())
+            .collect();
+        let mut series = self.state.series.borrow_mut();
+        series.push((*id, values));
+        u32::try_from(series.len().saturating_sub(1)).map_err(|_| HostError(3))
+    }
+
+    fn increment_metric(&mut self, id: u32) -> Result<(), HostError> {
+        let series = self.state.series.borrow();
+        let Some((metric, values)) = usize::try_from(id).ok().and_then(|i| series.get(i)) else {
+            return Err(HostError(2));
+        };
+        let values: Vec<&str> = values.iter().map(String::as_str).collect();
+        self.filter
+            .increment_counter(*metric, &values)
+            .map_err(refused)
+    }
+
+    fn now(&mut self) -> Result<Duration, HostError> {
+        Ok(SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default())
+    }
+
+    fn log(&mut self, level: Level, message: std::fmt::Arguments<'_>) {
+        let level = match level {
+            Level::Error => LogLevel::Error,
+            Level::Warn => LogLevel::Warn,
+            Level::Info => LogLevel::Info,
+            Level::Debug => LogLevel::Debug,
+        };
+        ffi::log(level, message);
+    }
+
+    fn shared_data(&self) -> &dyn SharedData {
+        &NoSharedData
+    }
+}
+
+/// The native filter holds merged discovery in its configuration, never in shared data: a
+/// request never asks for a stored document (the documents it compiles are inline).
+struct NoSharedData;
+
+impl SharedData for NoSharedData {
+    fn get(&self, _key: &str) -> Result<Option<Versioned>, StoreError> {
+        Ok(None)
+    }
+
+    fn set(&self, _key: &str, _value: &[u8], _cas: Option<u32>) -> Result<(), StoreError> {
+        Err(StoreError::Host(
+            "no shared data in the native filter".into(),
+        ))
+    }
+}
