@@ -28,6 +28,7 @@ use skewgate_control::discovery::documents::{empty_list, DiscoveryDocuments};
 use skewgate_control::discovery::parse_aggregated;
 use skewgate_control::envoy::bootstrap::{Bootstrap, ConfigSource, LISTENER_NAME};
 use skewgate_control::envoy::fallback::{check_record, last_acknowledged_config, FallbackInputs};
+use skewgate_control::envoy::resources::{DataPlane, FilterCode};
 use skewgate_control::envoy::{Address, FILTER_NAME};
 use skewgate_control::local_channels::LocalChannel;
 use skewgate_control::plan::{plan, ApiserverView, PlanInputs};
@@ -98,6 +99,11 @@ fuzz_target!(|data: &[u8]| {
         address: &peer,
         documents: Some(&peer_docs),
     }];
+    let wasm = FilterCode::new(
+        DataPlane::Wasm,
+        Path::new("/usr/lib/skewgate/skewgate_filter.wasm"),
+    )
+    .expect("a valid path");
     let Ok(planned) = plan(&PlanInputs {
         local: ApiserverView {
             id: "apiserver-a",
@@ -108,7 +114,7 @@ fuzz_target!(|data: &[u8]| {
         retained: &[],
         shared_storage: &BTreeSet::new(),
         local_freshness: skewgate_control::routing::LocalFreshness::Current,
-        wasm_path: Path::new("/usr/lib/skewgate/skewgate_filter.wasm"),
+        filter_code: &wasm,
         upstream_sds: Some(Path::new("/run/skewgate/sds")),
     }) else {
         return;
@@ -137,7 +143,7 @@ fuzz_target!(|data: &[u8]| {
         peer: None,
         fallback: Some(FallbackInputs {
             wait: Duration::from_secs(30),
-            wasm_path: Path::new("/usr/lib/skewgate/skewgate_filter.wasm"),
+            filter_code: &wasm,
             local: &local,
             upstream_sds: Some(Path::new("/run/skewgate/sds")),
             local_apiserver: "cp-1",

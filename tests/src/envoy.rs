@@ -22,7 +22,7 @@ use tokio::process::{Child, Command};
 
 use crate::http::{client, header, local_get};
 use crate::kubeconfig::kubeconfig_yaml;
-use crate::paths::{envoy_bin, filter_code};
+use crate::paths::{envoy_bin, filter_code, filter_code_of};
 use crate::sim::SimApiserver;
 
 /// A running Envoy with the skewgate filter.
@@ -72,6 +72,8 @@ pub struct EnvoyOptions {
     /// it (default: loopback).
     pub peer_listen: Option<Address>,
     pub peer_cidrs: Vec<ipnet::IpNet>,
+    /// The data plane; `None`: the one under test ([`crate::paths::data_plane`]).
+    pub data_plane: Option<DataPlane>,
 }
 
 impl Default for EnvoyOptions {
@@ -82,6 +84,7 @@ impl Default for EnvoyOptions {
             upstream: None,
             peer_listen: None,
             peer_cidrs: vec!["127.0.0.0/8".parse().expect("a CIDR")],
+            data_plane: None,
         }
     }
 }
@@ -112,7 +115,10 @@ impl Envoy {
                 documents: Some(&p.documents),
             })
             .collect();
-        let filter_code = filter_code()?;
+        let filter_code = match options.data_plane {
+            Some(data_plane) => filter_code_of(data_plane)?,
+            None => filter_code()?,
+        };
         let listen = Address::parse_listen("127.0.0.1:0")?;
         // The default: admin on a Unix socket of mode 0600, here in the private temporary
         // directory.

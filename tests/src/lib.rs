@@ -47,8 +47,8 @@ pub use kubeconfig::{kubeconfig_tls, kubeconfig_yaml, Credential};
 pub use kubectl::{kubectl, kubectl_with};
 pub use net::{black_hole, free_port};
 pub use paths::{
-    control_bin, data_plane, envoy_bin, etcd_bin, filter_code, filter_flags, fixture,
-    kubectl_1_20_bin, kubectl_bin, native_module_path, python_bin, repo_root, wasm_path,
+    control_bin, data_plane, envoy_bin, etcd_bin, filter_code, filter_code_of, filter_flags,
+    fixture, kubectl_1_20_bin, kubectl_bin, native_module_path, python_bin, repo_root, wasm_path,
 };
 pub use pki::{
     cert_dns_names, cert_serial, replace_file, token_file_csv, CertFiles, CertUsage, Subject,

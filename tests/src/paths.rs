@@ -73,7 +73,11 @@ pub fn data_plane() -> Result<DataPlane> {
 /// The filter's code of the data plane under test ([`data_plane`]), as the control plane
 /// names it.
 pub fn filter_code() -> Result<FilterCode> {
-    let data_plane = data_plane()?;
+    filter_code_of(data_plane()?)
+}
+
+/// The release build of `data_plane`'s filter, as the control plane names it.
+pub fn filter_code_of(data_plane: DataPlane) -> Result<FilterCode> {
     let path = match data_plane {
         DataPlane::Wasm => wasm_path()?,
         DataPlane::Native => native_module_path()?,

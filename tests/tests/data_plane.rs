@@ -492,7 +492,12 @@ async fn a_configuration_that_does_not_validate_is_refused_whole() -> Result<()>
             .await?,
         0
     );
-    assert!(bad.log().contains("is not declared"), "{}", bad.log());
+    // The refusal's log line (Envoy flushes its log file every few seconds: wait, bounded).
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !bad.log().contains("is not declared") {
+        assert!(std::time::Instant::now() < deadline, "{}", bad.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // Nothing is routed: neither the local resource nor the peer's.
     bad.wait_ready().await?;
     for path in [

@@ -738,6 +738,40 @@ mod tests {
     };
     use prost::Message;
 
+    /// Both data planes get the same filter configuration; the native one as the dynamic
+    /// module at its path, never unloaded, its metrics in the proxy-wasm filter's namespace.
+    #[test]
+    fn the_native_filter_gets_the_same_configuration_as_a_dynamic_module() {
+        use envoy_types::pb::google::protobuf::StringValue;
+        let json = r#"{"schema":1}"#;
+        let code = FilterCode::new(DataPlane::Native, Path::new("/opt/libskewgate_native.so"))
+            .expect("path");
+        let ext = filter_extension_config(&code, json);
+        assert_eq!(ext.name, FILTER_NAME);
+        let any = ext.typed_config.expect("typed");
+        assert_eq!(any.type_url, DYNAMIC_MODULE_TYPE_URL);
+        assert_eq!(any.type_url, DataPlane::Native.type_url());
+        let filter = DynamicModuleFilter::decode(any.value.as_slice()).expect("decodes");
+        assert_eq!(filter.filter_name, FILTER_NAME);
+        let module = filter.dynamic_module_config.expect("module");
+        assert!(module.do_not_close);
+        assert_eq!(module.metrics_namespace, NATIVE_METRICS_NAMESPACE);
+        let Some(async_data_source::Specifier::Local(DataSource {
+            specifier: Some(data_source::Specifier::Filename(path)),
+            ..
+        })) = module.module.and_then(|m| m.specifier)
+        else {
+            panic!("a local file");
+        };
+        assert_eq!(path, "/opt/libskewgate_native.so");
+        let config = StringValue::decode(filter.filter_config.expect("config").value.as_slice())
+            .expect("a string");
+        assert_eq!(config.value, json);
+
+        let wasm = filter_extension_config(&crate::test_fixtures::wasm_code("/x.wasm"), json);
+        assert_eq!(wasm.typed_config.expect("typed").type_url, WASM_TYPE_URL);
+    }
+
     #[test]
     fn resources_carry_the_documented_settings() {
         let world = World::new();

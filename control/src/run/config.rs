@@ -263,6 +263,7 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envoy::resources::DataPlane;
     use clap::Parser;
 
     #[derive(Parser)]
@@ -295,6 +296,26 @@ mod tests {
                 .chain(add.iter().copied()),
         )
         .map(|c| c.run)
+    }
+
+    /// wasm by default; `--data-plane native` runs the module at `--native-module`.
+    #[test]
+    fn the_data_plane_is_wasm_unless_native_is_asked_for() {
+        let c = args(&[], &[]).expect("parses").validate().expect("valid");
+        assert_eq!(c.filter_code.data_plane, DataPlane::Wasm);
+        assert_eq!(c.filter_code.path(), "/opt/skewgate.wasm");
+        let c = args(
+            &["wasm"],
+            &[
+                "--data-plane=native",
+                "--native-module=/opt/libskewgate_native.so",
+            ],
+        )
+        .expect("parses")
+        .validate()
+        .expect("valid");
+        assert_eq!(c.filter_code.data_plane, DataPlane::Native);
+        assert_eq!(c.filter_code.path(), "/opt/libskewgate_native.so");
     }
 
     #[test]
@@ -407,6 +428,34 @@ mod tests {
                 vec!["--peer-address=lease/x=evil.com:443"],
             ),
             ("relative wasm", vec!["wasm"], vec!["--wasm=skewgate.wasm"]),
+            ("no wasm", vec!["wasm"], vec![]),
+            (
+                "native without its module",
+                vec![],
+                vec!["--data-plane=native"],
+            ),
+            (
+                "native with the wasm path",
+                vec![],
+                vec![
+                    "--data-plane=native",
+                    "--native-module=/opt/libskewgate_native.so",
+                ],
+            ),
+            (
+                "a module without the native data plane",
+                vec![],
+                vec!["--native-module=/opt/libskewgate_native.so"],
+            ),
+            (
+                "relative native module",
+                vec!["wasm"],
+                vec![
+                    "--data-plane=native",
+                    "--native-module=libskewgate_native.so",
+                ],
+            ),
+            ("unknown data plane", vec![], vec!["--data-plane=lua"]),
             ("zero grace", vec![], vec!["--lease-grace=0s"]),
             ("no peers allowed", vec![], vec!["--max-peers=0"]),
             ("negative cap", vec![], vec!["--max-peers=-1"]),

@@ -14,8 +14,8 @@
 //!   the filter answers it 503, so legacy clients mark the group failed instead of believing it
 //!   empty or gone.
 
-use std::cell::OnceCell;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use crate::config::DiscoveryConfig;
 use crate::group_version::GroupVersion;
@@ -115,8 +115,9 @@ pub(crate) struct AggregatedDocument {
 pub(crate) struct Encoded {
     pub(crate) body: Body,
     pub(crate) etag: String,
-    /// Compressed on first use: most documents are never large enough to need it.
-    gzipped: OnceCell<Option<Vec<u8>>>,
+    /// Compressed on first use: most documents are never large enough to need it. A lock, not
+    /// a cell: the native filter shares one compiled configuration among Envoy's workers.
+    gzipped: OnceLock<Option<Vec<u8>>>,
 }
 
 /// Where a document's bytes are.
@@ -133,7 +134,7 @@ impl Encoded {
         Encoded {
             body: Body::Inline(body),
             etag,
-            gzipped: OnceCell::new(),
+            gzipped: OnceLock::new(),
         }
     }
 
@@ -141,7 +142,7 @@ impl Encoded {
         Encoded {
             body: Body::Stored { key, len },
             etag,
-            gzipped: OnceCell::new(),
+            gzipped: OnceLock::new(),
         }
     }
 

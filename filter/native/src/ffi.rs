@@ -25,6 +25,9 @@ use crate::filter::{self, BodyPhase, NativeConfig, NativeFilter};
 /// (tests/tests/native.rs checks the line).
 pub const ABI_VERSION: &CStr = c"v0.2.0";
 
+#[cfg(any(test, feature = "fake-host"))]
+pub mod fake;
+
 // ---- Types of the ABI (abi.h, "Common Types" and "HTTP Filter" types). ----
 
 /// `envoy_dynamic_module_type_envoy_buffer`: bytes owned by Envoy, lent for one hook.
@@ -213,7 +216,13 @@ callbacks! {
     http_filter_config_define_counter: fn(FilterConfigEnvoyPtr, ModuleBuffer, *mut ModuleBuffer, usize, *mut usize) -> c_int;
     http_filter_config_define_gauge: fn(FilterConfigEnvoyPtr, ModuleBuffer, *mut ModuleBuffer, usize, *mut usize) -> c_int;
     http_filter_increment_counter: fn(FilterEnvoyPtr, usize, *mut ModuleBuffer, usize, u64) -> c_int;
-    http_filter_set_gauge: fn(FilterEnvoyPtr, usize, *mut ModuleBuffer, usize, u64) -> c_int;
+    // The configuration's own metric calls are not in the header version these declarations
+    // follow; Envoy 1.40 exports them, and its machine code uses their arguments as the
+    // filter's calls above do (the id, the label array and its length, the value), with the
+    // configuration's pointer first (read with `objdump -d`; tests/tests/fallback.rs and
+    // tests/tests/metrics.rs check the values they set).
+    http_filter_config_increment_counter: fn(FilterConfigEnvoyPtr, usize, *mut ModuleBuffer, usize, u64) -> c_int;
+    http_filter_config_set_gauge: fn(FilterConfigEnvoyPtr, usize, *mut ModuleBuffer, usize, u64) -> c_int;
 }
 
 /// The host's callbacks, set once by `on_program_init` (or a test's [`install`]).
@@ -505,14 +514,6 @@ impl Filter {
         };
         (result == METRICS_SUCCESS).then_some(()).ok_or(Refused)
     }
-
-    pub fn set_gauge(&self, id: usize, value: u64) -> Result<(), Refused> {
-        let cb = self.cb()?;
-        // SAFETY: no labels: a null array of length 0, as the ABI allows.
-        let result =
-            unsafe { (cb.http_filter_set_gauge)(self.ptr, id, std::ptr::null_mut(), 0, value) };
-        (result == METRICS_SUCCESS).then_some(()).ok_or(Refused)
-    }
 }
 
 /// The filter configuration's handle in Envoy, during `on_http_filter_config_new` only
@@ -556,9 +557,43 @@ impl FilterConfig<'_> {
         };
         (result == METRICS_SUCCESS).then_some(id).ok_or(Refused)
     }
+
+    /// Adds `value` to counter `id` with `labels`; 0 only makes the series exist in this
+    /// configuration (see `filter::NativeConfig::new`).
+    pub fn add_counter(&self, id: usize, labels: &[&str], value: u64) -> Result<(), Refused> {
+        let cb = callbacks().ok_or(Refused)?;
+        let mut values: Vec<ModuleBuffer> = labels
+            .iter()
+            .map(|l| ModuleBuffer::of(l.as_bytes()))
+            .collect();
+        // SAFETY: `self.ptr` is the configuration Envoy is creating now; `values` points into
+        // `labels` for the call.
+        let result = unsafe {
+            (cb.http_filter_config_increment_counter)(
+                self.ptr,
+                id,
+                values.as_mut_ptr(),
+                values.len(),
+                value,
+            )
+        };
+        (result == METRICS_SUCCESS).then_some(()).ok_or(Refused)
+    }
+
+    pub fn set_gauge(&self, id: usize, value: u64) -> Result<(), Refused> {
+        let cb = callbacks().ok_or(Refused)?;
+        // SAFETY: no labels: a null array of length 0, as the ABI allows.
+        let result = unsafe {
+            (cb.http_filter_config_set_gauge)(self.ptr, id, std::ptr::null_mut(), 0, value)
+        };
+        (result == METRICS_SUCCESS).then_some(()).ok_or(Refused)
+    }
 }
 
 // ---- The event hooks Envoy calls. ----
+//
+// Exported by `#[no_mangle]` (not `pub`: nothing in Rust calls them but `on_program_init`,
+// which the refusal test does).
 
 /// Runs `body`; a panic becomes `failed` (and a log line), never an unwind into Envoy.
 fn guard<T>(hook: &str, failed: T, body: impl FnOnce() -> T) -> T {
@@ -583,25 +618,31 @@ unsafe fn object<'a, T>(ptr: *const c_void) -> Option<&'a T> {
     unsafe { ptr.cast::<T>().as_ref() }
 }
 
+/// What the module says when it refuses a host: Envoy loads modules with no check of its own
+/// beyond a warning, so this line is what an operator sees.
+pub fn refusal_message(missing: &str) -> String {
+    format!(
+        "skewgate native filter: refusing to load: this Envoy does not export {missing}; the \
+         module was built for Envoy 1.40 (dynamic-module ABI {}) and runs only in the Envoy it \
+         was built for: use that Envoy, or --data-plane wasm",
+        ABI_VERSION.to_string_lossy()
+    )
+}
+
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
     guard("on_program_init", std::ptr::null(), || match refusal() {
         None => ABI_VERSION.as_ptr(),
         Some(missing) => {
-            // No Envoy logger without the callbacks: stderr, which is Envoy's log too.
-            eprintln!(
-                "skewgate native filter: refusing to load: this Envoy does not export {missing}; \
-                 the module was built for Envoy 1.40's dynamic-module ABI {} and needs the Envoy \
-                 it was built for (or --data-plane wasm)",
-                ABI_VERSION.to_string_lossy()
-            );
+            // No Envoy logger without the callbacks: stderr, which is where Envoy logs too.
+            eprintln!("{}", refusal_message(missing));
             std::ptr::null()
         }
     })
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     config_envoy: FilterConfigEnvoyPtr,
     name: EnvoyBuffer,
     config: EnvoyBuffer,
@@ -622,9 +663,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(
-    config: FilterConfigModulePtr,
-) {
+extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: FilterConfigModulePtr) {
     guard("on_http_filter_config_destroy", (), || {
         if !config.is_null() {
             // SAFETY: made by `Box::into_raw` in config_new; Envoy destroys it once, after the
@@ -635,7 +674,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
+extern "C" fn envoy_dynamic_module_on_http_filter_new(
     config: FilterConfigModulePtr,
     filter_envoy: FilterEnvoyPtr,
 ) -> FilterModulePtr {
@@ -655,7 +694,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: FilterModulePtr) {
+extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: FilterModulePtr) {
     guard("on_http_filter_destroy", (), || {
         if !filter.is_null() {
             // SAFETY: made by `Box::into_raw` in filter_new; Envoy destroys it once.
@@ -675,7 +714,7 @@ unsafe fn stream<'a>(filter: FilterModulePtr) -> Option<&'a mut NativeFilter> {
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     _filter_envoy: FilterEnvoyPtr,
     filter: FilterModulePtr,
     _end_of_stream: bool,
@@ -697,7 +736,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     _filter_envoy: FilterEnvoyPtr,
     filter: FilterModulePtr,
     end_of_stream: bool,
@@ -712,7 +751,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     _filter_envoy: FilterEnvoyPtr,
     filter: FilterModulePtr,
     end_of_stream: bool,
@@ -733,7 +772,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
 // module, so each is exported, and each does nothing.
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
     _: bool,
@@ -742,7 +781,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
 ) -> c_int {
@@ -750,7 +789,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
 ) -> c_int {
@@ -758,7 +797,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
 ) {
@@ -766,7 +805,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
 
 /// `Continue`: Envoy's local replies are mapped in the response phase, like the upstream's.
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
+extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
     _response_code: u32,
@@ -777,7 +816,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
     _event_id: u64,
@@ -785,7 +824,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     _: FilterConfigEnvoyPtr,
     _: FilterConfigModulePtr,
     _event_id: u64,
@@ -793,7 +832,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
     _callout_id: u64,
@@ -806,7 +845,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
     _: FilterConfigEnvoyPtr,
     _: FilterConfigModulePtr,
     _callout_id: u64,
@@ -819,7 +858,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
     _stream_id: u64,
@@ -830,7 +869,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
     _stream_id: u64,
@@ -841,7 +880,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
     _stream_id: u64,
@@ -851,7 +890,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
     _stream_id: u64,
@@ -859,7 +898,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
     _stream_id: u64,
@@ -868,7 +907,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_headers(
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_headers(
     _: FilterConfigEnvoyPtr,
     _: FilterConfigModulePtr,
     _stream_id: u64,
@@ -879,7 +918,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_headers
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_data(
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_data(
     _: FilterConfigEnvoyPtr,
     _: FilterConfigModulePtr,
     _stream_id: u64,
@@ -890,7 +929,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_data(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_trailers(
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_trailers(
     _: FilterConfigEnvoyPtr,
     _: FilterConfigModulePtr,
     _stream_id: u64,
@@ -900,7 +939,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_trailer
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_complete(
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_complete(
     _: FilterConfigEnvoyPtr,
     _: FilterConfigModulePtr,
     _stream_id: u64,
@@ -908,7 +947,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_complet
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_reset(
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_reset(
     _: FilterConfigEnvoyPtr,
     _: FilterConfigModulePtr,
     _stream_id: u64,
@@ -917,14 +956,14 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_reset(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
 ) {
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
     _: FilterEnvoyPtr,
     _: FilterModulePtr,
 ) {
@@ -932,7 +971,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buf
 
 /// No per-route configuration: null refuses one, which skewgate never renders.
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
+extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
     _name: EnvoyBuffer,
     _config: EnvoyBuffer,
 ) -> *const c_void {
@@ -940,4 +979,4 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(_: *const c_void) {}
+extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(_: *const c_void) {}

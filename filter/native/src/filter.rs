@@ -8,10 +8,11 @@
 //! here too ([`ThreadState`]), so no request takes a lock.
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use skewgate_core::config::{ConfigError, FilterConfig, MAX_CONFIG_BYTES};
@@ -47,6 +48,16 @@ pub enum BodyPhase {
 /// Each configuration's number, for the per-thread state made from it.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
+/// Every labelled series counted in this Envoy so far (metric and label values), at most
+/// [`MAX_SERIES`]. Envoy keeps a module's metrics in its configuration's scope: a series no
+/// configuration names is dropped with the configuration that counted it. Each new
+/// configuration names them all (adding 0) while the one it replaces still holds them, so a
+/// series keeps its value across configurations, as the proxy-wasm filter's do.
+static SERIES: Mutex<BTreeSet<(&'static str, Vec<String>)>> = Mutex::new(BTreeSet::new());
+
+/// Bounds [`SERIES`]: the pipeline's own cap per configuration and worker is 4096 as well.
+const MAX_SERIES: usize = 4096;
+
 /// One accepted filter configuration, shared by every worker.
 #[derive(Debug)]
 pub struct NativeConfig {
@@ -54,7 +65,6 @@ pub struct NativeConfig {
     compiled: Arc<CompiledConfig>,
     /// Envoy's metric id of each counter's metric, by metric name.
     counters: HashMap<&'static str, usize>,
-    fallback_gauge: Option<usize>,
 }
 
 impl NativeConfig {
@@ -103,7 +113,22 @@ impl NativeConfig {
                 ),
             }
         }
-        let fallback_gauge = envoy.define(MetricKind::Gauge, FALLBACK_GAUGE, &[]).ok();
+        let series = SERIES.lock().map(|s| s.clone()).unwrap_or_default();
+        for (metric, values) in &series {
+            let values: Vec<&str> = values.iter().map(String::as_str).collect();
+            if let Some(id) = counters.get(metric) {
+                // A failure costs that series its value, not the configuration.
+                let _ = envoy.add_counter(*id, &values, 0);
+            }
+        }
+        let fallback = u64::from(compiled.fallback.is_some());
+        match envoy.define(MetricKind::Gauge, FALLBACK_GAUGE, &[]) {
+            Ok(gauge) if envoy.set_gauge(gauge, fallback).is_ok() => {}
+            _ => ffi::log(
+                LogLevel::Warn,
+                format_args!("skewgate: cannot set metric {FALLBACK_GAUGE}"),
+            ),
+        }
         ffi::log(
             LogLevel::Info,
             format_args!(
@@ -129,12 +154,11 @@ impl NativeConfig {
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
             compiled: Arc::new(compiled),
             counters,
-            fallback_gauge,
         })
     }
 
     /// This worker thread's state for this configuration, made on its first stream here.
-    fn thread_state(&self, filter: &ffi::Filter) -> Rc<ThreadState> {
+    fn thread_state(&self) -> Rc<ThreadState> {
         THREAD_STATES.with(|states| {
             let mut states = states.borrow_mut();
             if let Some((_, state)) = states.iter().find(|(g, _)| *g == self.generation) {
@@ -151,19 +175,17 @@ impl NativeConfig {
                 series: RefCell::new(Vec::new()),
             });
             states.push((self.generation, state.clone()));
-            if let Some(gauge) = self.fallback_gauge {
-                let on = u64::from(self.compiled.fallback.is_some());
-                if filter.set_gauge(gauge, on).is_err() {
-                    ffi::log(
-                        LogLevel::Warn,
-                        format_args!("skewgate: cannot set metric {FALLBACK_GAUGE}"),
-                    );
-                }
-            }
             state
         })
     }
 }
+
+// Envoy calls `on_http_filter_new` with the configuration on every worker thread: it must be
+// shareable across threads, which the compiler checks only here (it crosses as a pointer).
+const _: fn() = || {
+    fn shared_by_workers<T: Send + Sync>() {}
+    shared_by_workers::<NativeConfig>();
+};
 
 /// Per-thread states kept for configurations this many generations back.
 const KEEP_STATES: u64 = 4;
@@ -190,7 +212,7 @@ pub struct NativeFilter {
 
 impl NativeFilter {
     pub fn new(config: &NativeConfig, filter: ffi::Filter) -> NativeFilter {
-        let state = config.thread_state(&filter);
+        let state = config.thread_state();
         let host = NativeHost {
             filter,
             state: state.clone(),
@@ -359,9 +381,21 @@ impl Host for NativeHost {
         let Some(id) = self.state.counters.get(metric) else {
             return Err(HostError(2));
         };
-        let values = parts
+        let values: Vec<String> = parts
             .map(|pair| pair.split_once('=').map_or("", |(_, v)| v).to_string())
             .collect();
+        // Once per series, worker and configuration: the lock is not on the request path.
+        if let (Ok(mut seen), Some(metric)) = (
+            SERIES.lock(),
+            Counter::KINDS
+                .iter()
+                .map(|k| k.metric_name())
+                .find(|m| *m == metric),
+        ) {
+            if seen.len() < MAX_SERIES {
+                seen.insert((metric, values.clone()));
+            }
+        }
         let mut series = self.state.series.borrow_mut();
         series.push((*id, values));
         u32::try_from(series.len().saturating_sub(1)).map_err(|_| HostError(3))
@@ -412,5 +446,200 @@ impl SharedData for NoSharedData {
         Err(StoreError::Host(
             "no shared data in the native filter".into(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::fake::{self, with_stream, FakeStream};
+    use skewgate_core::hygiene::UPSTREAM_CLUSTER;
+
+    /// A filter configuration as the control plane renders it (no merged discovery): a 1.30
+    /// local apiserver, `resource.k8s.io/v1alpha3` served by a 1.33 peer only.
+    const CONFIG: &str = r#"{"schema":1,"local_apiserver":"apiserver-a",
+        "peer_clusters":{"skewgate-peers-16b25d540f7c":["apiserver-b"]},
+        "group_versions":[{"group":"resource.k8s.io","version":"v1alpha3","resources":[
+            {"resource":"resourceclaims","peer_cluster":"skewgate-peers-16b25d540f7c"}]}],
+        "failover_clusters":{"skewgate-failover-16b25d540f7c":["apiserver-b"]},
+        "failover_all":"skewgate-failover-16b25d540f7c"}"#;
+    const CLAIMS: &str = "/apis/resource.k8s.io/v1alpha3/namespaces/default/resourceclaims";
+
+    /// A fresh fake stream, and the configuration accepted on it (its metrics defined there).
+    fn configured() -> NativeConfig {
+        fake::install();
+        with_stream(|s| *s = FakeStream::default());
+        NativeConfig::new(&fake::config(), b"skewgate", CONFIG.as_bytes()).expect("accepted")
+    }
+
+    fn get(path: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+        [
+            (":method", "GET"),
+            (":path", path),
+            (":authority", "a"),
+            (":scheme", "https"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect()
+    }
+
+    fn header(headers: &[(Vec<u8>, Vec<u8>)], name: &str) -> Option<String> {
+        headers
+            .iter()
+            .find(|(n, _)| n == name.as_bytes())
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+
+    #[test]
+    fn a_bad_configuration_is_refused_and_logged() {
+        fake::install();
+        with_stream(|s| *s = FakeStream::default());
+        assert!(NativeConfig::new(&fake::config(), b"skewgate", b"{\"schema\":1").is_none());
+        assert!(NativeConfig::new(&fake::config(), b"skewgate", &[0xff; 3]).is_none());
+        let logs = with_stream(|s| s.logs.clone());
+        assert!(
+            logs.iter()
+                .filter(|(level, line)| *level == LogLevel::Error as i32
+                    && line.contains("keeping the previous configuration"))
+                .count()
+                == 2,
+            "{logs:?}"
+        );
+    }
+
+    /// The shell's whole request path on the fake Envoy: routed to the peer (header set,
+    /// route cache cleared), Envoy's own 503 for the peer made a Status through the body
+    /// hook, and the counter counted with its four labels as Envoy labels.
+    #[test]
+    fn a_peer_only_request_is_routed_and_envoys_reply_becomes_a_status() {
+        let config = configured();
+        with_stream(|s| s.request_headers = get(CLAIMS));
+        let mut filter = NativeFilter::new(&config, fake::filter());
+        assert_eq!(filter.on_request_headers(), Next::Continue);
+        let (routed, cleared) = with_stream(|s| {
+            (
+                header(&s.request_headers, UPSTREAM_CLUSTER),
+                s.route_cache_cleared,
+            )
+        });
+        assert_eq!(
+            routed.as_deref(),
+            Some("skewgate-peers-16b25d540f7c-anonymous")
+        );
+        assert_eq!(cleared, 1);
+
+        with_stream(|s| {
+            s.response_headers = vec![
+                (b":status".to_vec(), b"503".to_vec()),
+                (b"content-type".to_vec(), b"text/plain".to_vec()),
+            ];
+            s.code_details =
+                Some(b"upstream_reset_before_response_started{connection_failure}".to_vec());
+        });
+        filter.on_response_headers(false);
+        with_stream(|s| {
+            s.received = b"upstream connect error or disconnect/reset before headers".to_vec()
+        });
+        assert_eq!(filter.on_response_body(true), BodyPhase::Continue);
+        let (status, content_type, body) = with_stream(|s| {
+            (
+                header(&s.response_headers, ":status"),
+                header(&s.response_headers, "content-type"),
+                String::from_utf8_lossy(&s.received).into_owned(),
+            )
+        });
+        assert_eq!(status.as_deref(), Some("503"));
+        assert_eq!(content_type.as_deref(), Some("application/json"));
+        assert!(body.contains("\"kind\":\"Status\""), "{body}");
+
+        let (defined, recorded) = with_stream(|s| (s.defined.clone(), s.recorded.clone()));
+        let (id, values) = recorded
+            .iter()
+            .find(|(id, _, _)| defined[*id].0 == "apiserver_peer_proxy_errors_total")
+            .map(|(id, values, _)| (*id, values.clone()))
+            .expect("a peer proxy error counted");
+        assert_eq!(defined[id].1, ["type", "group", "version", "resource"]);
+        assert_eq!(
+            values,
+            ["connect", "resource.k8s.io", "v1alpha3", "resourceclaims"]
+        );
+    }
+
+    /// Envoy drops a module's series with the configuration that counted it: the next
+    /// configuration names every series counted before (adding 0) while the previous one still
+    /// holds it. And the fallback gauge is set when the configuration comes, before any request.
+    #[test]
+    fn a_new_configuration_keeps_every_series_and_sets_the_fallback_gauge() {
+        let config = configured();
+        with_stream(|s| s.request_headers = get(CLAIMS));
+        let mut filter = NativeFilter::new(&config, fake::filter());
+        assert_eq!(filter.on_request_headers(), Next::Continue);
+        with_stream(|s| {
+            s.response_headers = vec![(b":status".to_vec(), b"200".to_vec())];
+            s.code_details = Some(b"via_upstream".to_vec());
+        });
+        filter.on_response_headers(true);
+        let labels = ["200", "resource.k8s.io", "v1alpha3", "resourceclaims"];
+        let counted = with_stream(|s| {
+            s.recorded.iter().any(|(id, values, n)| {
+                s.defined[*id].0 == "apiserver_rerouted_request_total"
+                    && values == &labels
+                    && *n == 1
+            })
+        });
+        assert!(counted);
+
+        with_stream(|s| s.recorded.clear());
+        let _next = NativeConfig::new(&fake::config(), b"skewgate", CONFIG.as_bytes()).unwrap();
+        let (defined, recorded) = with_stream(|s| (s.defined.clone(), s.recorded.clone()));
+        let named = |metric: &str, values: &[&str], value: u64| {
+            recorded.iter().any(|(id, v, n)| {
+                // The id of the newest definition of `metric`: the new configuration's.
+                let newest = defined.iter().rposition(|(name, _)| name == metric);
+                Some(*id) == newest && v == values && *n == value
+            })
+        };
+        assert!(
+            named("apiserver_rerouted_request_total", &labels, 0),
+            "{recorded:?}"
+        );
+        assert!(named(FALLBACK_GAUGE, &[], 0), "{recorded:?}");
+    }
+
+    /// A body buffered over several hooks is read and replaced whole: the buffered part and
+    /// the piece received count once each.
+    #[test]
+    fn the_body_at_hand_is_the_buffered_part_and_the_received_piece() {
+        let config = configured();
+        with_stream(|s| {
+            s.buffered = b"hello ".to_vec();
+            s.received = b"world".to_vec();
+        });
+        let mut filter = NativeFilter::new(&config, fake::filter());
+        let host = filter.request.host_mut();
+        assert_eq!(host.measure_body(), 11);
+        assert_eq!(
+            host.response_body(11).unwrap().as_deref(),
+            Some(&b"hello world"[..])
+        );
+        host.replace_response_body(11, b"{}").unwrap();
+        let (buffered, received) = with_stream(|s| (s.buffered.clone(), s.received.clone()));
+        assert!(buffered.is_empty());
+        assert_eq!(received, b"{}");
+    }
+
+    /// Header values are bytes: obs-text from a client never panics the shell.
+    #[test]
+    fn non_utf8_headers_are_handled_as_bytes() {
+        let config = configured();
+        with_stream(|s| {
+            s.request_headers = get(CLAIMS);
+            s.request_headers
+                .push((b"x-obs".to_vec(), vec![0xff, 0xfe, 0x80]));
+            s.request_headers.push((vec![0xc3, 0x28], b"v".to_vec()));
+        });
+        let mut filter = NativeFilter::new(&config, fake::filter());
+        assert_eq!(filter.on_request_headers(), Next::Continue);
     }
 }
