@@ -98,6 +98,32 @@ pub fn without_http_filter(bytes: &[u8], name: &str) -> Result<Vec<u8>> {
     Ok(b.encode_to_vec())
 }
 
+/// The static mode's clusters file (one `DiscoveryResponse` of clusters) with every HTTP
+/// health check made over HTTP/2 (h2c): the benchmark's TLS variants reach a static nginx that
+/// speaks only h2c, where a kube-apiserver answers both protocols.
+pub fn health_checks_over_http2(bytes: &[u8]) -> Result<Vec<u8>> {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::config::core::v3::health_check::HealthChecker;
+    use envoy_types::pb::envoy::r#type::v3::CodecClientType;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+    let mut response = DiscoveryResponse::decode(bytes).context("a DiscoveryResponse")?;
+    let mut edited = 0;
+    for resource in &mut response.resources {
+        let mut cluster = Cluster::decode(resource.value.as_slice()).context("a Cluster")?;
+        for check in &mut cluster.health_checks {
+            if let Some(HealthChecker::HttpHealthCheck(http)) = check.health_checker.as_mut() {
+                http.codec_client_type = CodecClientType::Http2 as i32;
+                edited += 1;
+            }
+        }
+        resource.value = cluster.encode_to_vec();
+    }
+    if edited == 0 {
+        return Err(anyhow!("no HTTP health check in the clusters"));
+    }
+    Ok(response.encode_to_vec())
+}
+
 fn relocate_source(source: Option<&mut ConfigSource>, from: &Path, to: &Path) {
     if let Some(ConfigSourceSpecifier::PathConfigSource(file)) =
         source.and_then(|s| s.config_source_specifier.as_mut())

@@ -168,3 +168,60 @@ fn the_check_finds_what_it_looks_for() {
     assert!(!names_crate("use tokio_stream::x;", "tokio"));
     assert!(!names_crate("let url = \"https://kube.example/\";", "kube"));
 }
+
+/// The native filter's `unsafe` lives in its FFI module alone (`filter/native/src/ffi.rs` and
+/// its fake Envoy, `ffi/fake.rs`), and every `unsafe` block there says why it holds.
+#[test]
+fn unsafe_is_in_the_native_filters_ffi_module_only_with_its_invariant() {
+    let src = repo_root().join("filter/native/src");
+    let mut outside = Vec::new();
+    let mut undocumented = Vec::new();
+    let mut blocks = 0;
+    let mut files = vec![src.clone()];
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path).expect("a directory") {
+                files.push(entry.expect("an entry").path());
+            }
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a source file");
+        let relative = path.strip_prefix(&src).expect("under src").to_path_buf();
+        let ffi = relative == Path::new("ffi.rs") || relative.starts_with("ffi");
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            if !code.contains("unsafe") {
+                continue;
+            }
+            // The one allowance: on the FFI module's declaration.
+            let allows_ffi = code.contains("#[allow(unsafe_code)]")
+                && lines
+                    .get(i + 1)
+                    .is_some_and(|next| next.trim() == "pub mod ffi;");
+            if !ffi && !allows_ffi {
+                outside.push(format!("{}:{}", relative.display(), i + 1));
+            }
+            // An `unsafe {` block: a `// SAFETY:` comment above it (within a few lines).
+            if code.contains("unsafe {") {
+                blocks += 1;
+                let from = i.saturating_sub(6);
+                if !lines[from..=i].iter().any(|l| l.contains("SAFETY:")) {
+                    undocumented.push(format!("{}:{}", relative.display(), i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        blocks > 20,
+        "only {blocks} unsafe blocks found: the scan is broken"
+    );
+    assert!(
+        outside.is_empty(),
+        "unsafe outside the FFI module: {outside:?}"
+    );
+    assert!(
+        undocumented.is_empty(),
+        "unsafe blocks without a SAFETY comment: {undocumented:?}"
+    );
+}
