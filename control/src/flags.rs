@@ -162,22 +162,13 @@ pub struct DataPlaneFlags {
 
 impl DataPlaneFlags {
     /// The filter's code; `None` when its path is not given (`bootstrap` without a fallback
-    /// needs none). The other data plane's path is refused: it would not be used.
+    /// needs none). The other data plane's path may be given and is not used: the deploy files
+    /// name both builds, and `--data-plane` alone switches (deploy/args, `$(DATA_PLANE)`).
     pub fn resolve(&self) -> Result<Option<FilterCode>, FlagError> {
-        let (path, unused) = match self.data_plane {
-            DataPlane::Wasm => (
-                &self.wasm,
-                self.native_module.as_ref().map(|_| "--native-module"),
-            ),
-            DataPlane::Native => (&self.native_module, self.wasm.as_ref().map(|_| "--wasm")),
+        let path = match self.data_plane {
+            DataPlane::Wasm => &self.wasm,
+            DataPlane::Native => &self.native_module,
         };
-        if let Some(unused) = unused {
-            return Err(FlagError::Combination(format!(
-                "{unused} is for the other data plane: --data-plane {} runs {}",
-                self.data_plane.name(),
-                self.data_plane.path_flag()
-            )));
-        }
         let Some(path) = path else {
             return Ok(None);
         };

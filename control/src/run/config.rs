@@ -316,6 +316,15 @@ mod tests {
         .expect("valid");
         assert_eq!(c.filter_code.data_plane, DataPlane::Native);
         assert_eq!(c.filter_code.path(), "/opt/libskewgate_native.so");
+        // Both paths given (the deploy files): --data-plane chooses.
+        let both = ["--native-module=/opt/libskewgate_native.so"];
+        let c = args(&[], &both).expect("parses").validate().expect("valid");
+        assert_eq!(c.filter_code.path(), "/opt/skewgate.wasm");
+        let c = args(&[], &[both[0], "--data-plane=native"])
+            .expect("parses")
+            .validate()
+            .expect("valid");
+        assert_eq!(c.filter_code.path(), "/opt/libskewgate_native.so");
     }
 
     #[test]
@@ -433,19 +442,6 @@ mod tests {
                 "native without its module",
                 vec![],
                 vec!["--data-plane=native"],
-            ),
-            (
-                "native with the wasm path",
-                vec![],
-                vec![
-                    "--data-plane=native",
-                    "--native-module=/opt/libskewgate_native.so",
-                ],
-            ),
-            (
-                "a module without the native data plane",
-                vec![],
-                vec!["--native-module=/opt/libskewgate_native.so"],
             ),
             (
                 "relative native module",
