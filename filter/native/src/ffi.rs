@@ -234,7 +234,7 @@ fn callbacks() -> Option<&'static Callbacks> {
 
 /// Use `callbacks` as the host (a fake host in tests; Envoy's are found by `on_program_init`).
 /// The first table installed stays.
-pub fn install(callbacks: Callbacks) -> bool {
+fn install(callbacks: Callbacks) -> bool {
     CALLBACKS.set(callbacks).is_ok()
 }
 
@@ -715,24 +715,30 @@ unsafe fn stream<'a>(filter: FilterModulePtr) -> Option<&'a mut NativeFilter> {
 
 #[no_mangle]
 extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
-    _filter_envoy: FilterEnvoyPtr,
+    filter_envoy: FilterEnvoyPtr,
     filter: FilterModulePtr,
     _end_of_stream: bool,
 ) -> c_int {
-    guard(
-        "on_http_filter_request_headers",
-        HEADERS_STOP_ITERATION,
-        || {
-            // SAFETY: a live stream's object (Envoy's contract for this hook).
-            match unsafe { stream(filter) } {
-                Some(filter) => match filter.on_request_headers() {
-                    filter::Next::Continue => CONTINUE,
-                    filter::Next::Stop => HEADERS_STOP_ITERATION,
-                },
-                None => HEADERS_STOP_ITERATION,
-            }
-        },
-    )
+    let planned = guard("on_http_filter_request_headers", None, || {
+        // SAFETY: a live stream's object (Envoy's contract for this hook).
+        let filter = unsafe { stream(filter) }?;
+        Some(match filter.on_request_headers() {
+            filter::Next::Continue => CONTINUE,
+            filter::Next::Stop => HEADERS_STOP_ITERATION,
+        })
+    });
+    planned.unwrap_or_else(|| {
+        // A request the filter could not plan must not reach an apiserver unfiltered, nor
+        // wait for a timeout: the same 503 as when a host call fails (the wasm filter's
+        // fail-closed reply).
+        guard("on_http_filter_request_headers", (), || {
+            filter::fail_closed(&Filter {
+                ptr: filter_envoy,
+                _thread: PhantomData,
+            })
+        });
+        HEADERS_STOP_ITERATION
+    })
 }
 
 #[no_mangle]

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use skewgate_core::config::{ConfigError, FilterConfig, MAX_CONFIG_BYTES};
@@ -21,7 +21,7 @@ use skewgate_core::metrics::Counter;
 use skewgate_core::pipeline::{
     Action, Bytes, Configured, Headers, Host, HostError, Level, Request, Worker,
 };
-use skewgate_core::plan::CompiledConfig;
+use skewgate_core::plan::{CompiledConfig, LocalReply};
 use skewgate_core::shared_discovery::{SharedData, StoreError, Versioned};
 
 use crate::ffi::{self, Body, HeaderMap, LogLevel, MetricKind, Refused};
@@ -62,6 +62,9 @@ const MAX_SERIES: usize = 4096;
 #[derive(Debug)]
 pub struct NativeConfig {
     generation: u64,
+    /// Dropped with the configuration: a worker's state made from it goes at that worker's
+    /// next stream (no worker keeps a configuration Envoy has destroyed past that).
+    alive: Arc<()>,
     compiled: Arc<CompiledConfig>,
     /// Envoy's metric id of each counter's metric, by metric name.
     counters: HashMap<&'static str, usize>,
@@ -113,7 +116,10 @@ impl NativeConfig {
                 ),
             }
         }
-        let series = SERIES.lock().map(|s| s.clone()).unwrap_or_default();
+        let series = SERIES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         for (metric, values) in &series {
             let values: Vec<&str> = values.iter().map(String::as_str).collect();
             if let Some(id) = counters.get(metric) {
@@ -152,6 +158,7 @@ impl NativeConfig {
         }
         Some(NativeConfig {
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            alive: Arc::new(()),
             compiled: Arc::new(compiled),
             counters,
         })
@@ -161,20 +168,22 @@ impl NativeConfig {
     fn thread_state(&self) -> Rc<ThreadState> {
         THREAD_STATES.with(|states| {
             let mut states = states.borrow_mut();
-            if let Some((_, state)) = states.iter().find(|(g, _)| *g == self.generation) {
+            // States of configurations Envoy destroyed go (at most KEEP_STATES atomic loads).
+            states.retain(|(_, alive, _)| alive.strong_count() > 0);
+            if let Some((_, _, state)) = states.iter().find(|(g, _, _)| *g == self.generation) {
                 return state.clone();
             }
-            // A newer configuration replaces the older ones on this thread: Envoy creates a
-            // stream's filter from the configuration current when the stream starts, so a
-            // few streams of the previous one may still come; they get a fresh state.
-            states.retain(|(g, _)| g.saturating_add(KEEP_STATES) > self.generation);
+            // Envoy creates a stream's filter from the configuration current when the stream
+            // starts, so a few streams of older ones may still come (they get a fresh state
+            // if theirs went); at most KEEP_STATES generations are kept.
+            states.retain(|(g, _, _)| g.saturating_add(KEEP_STATES) > self.generation);
             let state = Rc::new(ThreadState {
                 configured: Rc::new(Configured::new(self.compiled.clone())),
                 worker: Rc::new(Worker::new()),
                 counters: self.counters.clone(),
                 series: RefCell::new(Vec::new()),
             });
-            states.push((self.generation, state.clone()));
+            states.push((self.generation, Arc::downgrade(&self.alive), state.clone()));
             state
         })
     }
@@ -191,8 +200,11 @@ const _: fn() = || {
 const KEEP_STATES: u64 = 4;
 
 thread_local! {
-    static THREAD_STATES: RefCell<Vec<(u64, Rc<ThreadState>)>> = const { RefCell::new(Vec::new()) };
+    static THREAD_STATES: RefCell<Vec<ThreadEntry>> = const { RefCell::new(Vec::new()) };
 }
+
+/// A worker's state for one configuration: its generation, whether Envoy still holds it.
+type ThreadEntry = (u64, Weak<()>, Rc<ThreadState>);
 
 /// What one worker thread keeps for one configuration.
 #[derive(Debug)]
@@ -205,9 +217,24 @@ struct ThreadState {
     series: RefCell<Vec<(usize, Vec<String>)>>,
 }
 
+/// Answers a request the filter could not plan with the pipeline's host-failure 503.
+pub fn fail_closed(filter: &ffi::Filter) {
+    let reply = LocalReply::host_failure();
+    let _ = filter.send_response(
+        u32::from(reply.code),
+        &reply.headers(),
+        reply.body.as_bytes(),
+        "skewgate",
+    );
+}
+
 /// One stream's filter.
 pub struct NativeFilter {
     request: Request<NativeHost>,
+    /// The request went through the filter. Envoy runs a filter's response hooks also for a
+    /// stream an earlier filter answered (the health check's `/readyz` during a drain): that
+    /// answer is not ours to map (the proxy-wasm filter never sees it).
+    decoded: bool,
 }
 
 impl NativeFilter {
@@ -220,10 +247,12 @@ impl NativeFilter {
         };
         NativeFilter {
             request: Request::new(host, state.configured.clone(), state.worker.clone()),
+            decoded: false,
         }
     }
 
     pub fn on_request_headers(&mut self) -> Next {
+        self.decoded = true;
         match self.request.on_request_headers() {
             Action::Continue => Next::Continue,
             Action::Pause => Next::Stop,
@@ -231,12 +260,17 @@ impl NativeFilter {
     }
 
     pub fn on_response_headers(&mut self, end_of_stream: bool) {
-        self.request.on_response_headers(end_of_stream);
+        if self.decoded {
+            self.request.on_response_headers(end_of_stream);
+        }
     }
 
     /// The body at hand is what this filter buffered so far plus the piece just received
     /// (proxy-wasm gives its size the same way).
     pub fn on_response_body(&mut self, end_of_stream: bool) -> BodyPhase {
+        if !self.decoded {
+            return BodyPhase::Continue;
+        }
         let size = self.request.host_mut().measure_body();
         match self.request.on_response_body(size, end_of_stream) {
             Action::Continue => BodyPhase::Continue,
@@ -385,13 +419,12 @@ impl Host for NativeHost {
             .map(|pair| pair.split_once('=').map_or("", |(_, v)| v).to_string())
             .collect();
         // Once per series, worker and configuration: the lock is not on the request path.
-        if let (Ok(mut seen), Some(metric)) = (
-            SERIES.lock(),
-            Counter::KINDS
-                .iter()
-                .map(|k| k.metric_name())
-                .find(|m| *m == metric),
-        ) {
+        if let Some(metric) = Counter::KINDS
+            .iter()
+            .map(|k| k.metric_name())
+            .find(|m| *m == metric)
+        {
+            let mut seen = SERIES.lock().unwrap_or_else(PoisonError::into_inner);
             if seen.len() < MAX_SERIES {
                 seen.insert((metric, values.clone()));
             }
@@ -627,6 +660,35 @@ mod tests {
         let (buffered, received) = with_stream(|s| (s.buffered.clone(), s.received.clone()));
         assert!(buffered.is_empty());
         assert_eq!(received, b"{}");
+    }
+
+    /// A stream an earlier filter answered (the health check's `/readyz` 503 while Envoy
+    /// drains) passes untouched: only requests that went through the filter are mapped.
+    #[test]
+    fn a_reply_to_a_request_the_filter_never_saw_passes_untouched() {
+        let config = configured();
+        let mut filter = NativeFilter::new(&config, fake::filter());
+        with_stream(|s| {
+            s.response_headers = vec![(b":status".to_vec(), b"503".to_vec())];
+            s.code_details = Some(b"health_check_failed".to_vec());
+            s.received = b"draining".to_vec();
+        });
+        filter.on_response_headers(false);
+        assert_eq!(filter.on_response_body(true), BodyPhase::Continue);
+        let (headers, body) = with_stream(|s| (s.response_headers.clone(), s.received.clone()));
+        assert_eq!(headers, vec![(b":status".to_vec(), b"503".to_vec())]);
+        assert_eq!(body, b"draining");
+    }
+
+    /// What the request hook does when the filter cannot plan a request (a panic caught at
+    /// the hook): the pipeline's host-failure 503, never the request passed on unfiltered.
+    #[test]
+    fn a_request_that_cannot_be_planned_is_answered_503() {
+        let _config = configured();
+        fail_closed(&fake::filter());
+        let sent = with_stream(|s| s.sent.clone()).expect("answered");
+        assert_eq!(sent.0, 503);
+        assert!(String::from_utf8_lossy(&sent.2).contains("\"kind\":\"Status\""));
     }
 
     /// Header values are bytes: obs-text from a client never panics the shell.
