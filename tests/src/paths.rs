@@ -96,30 +96,27 @@ pub fn filter_flags() -> Result<Vec<String>> {
 
 /// The release native filter; `scripts/test` builds it before the integration tests run.
 pub fn native_module_path() -> Result<PathBuf> {
-    let path = match std::env::var("SKEWGATE_NATIVE_MODULE") {
-        Ok(p) => PathBuf::from(p),
-        Err(_) => repo_root().join("target/release/libskewgate_native.so"),
-    };
-    if !path.exists() {
-        bail!(
-            "{} not found: build it with `cargo build -p skewgate-native --release`",
-            path.display()
-        );
-    }
-    Ok(path)
+    release_filter(
+        "SKEWGATE_NATIVE_MODULE",
+        "target/release/libskewgate_native.so",
+        "cargo build -p skewgate-native --release",
+    )
 }
 
 /// The release filter; `scripts/test` builds it before the integration tests run.
 pub fn wasm_path() -> Result<PathBuf> {
-    let path = match std::env::var("SKEWGATE_WASM") {
-        Ok(p) => PathBuf::from(p),
-        Err(_) => repo_root().join("target/wasm32-wasip1/release/skewgate_filter.wasm"),
-    };
+    release_filter(
+        "SKEWGATE_WASM",
+        "target/wasm32-wasip1/release/skewgate_filter.wasm",
+        "cargo build -p skewgate-filter --target wasm32-wasip1 --release",
+    )
+}
+
+/// A filter build: `$env`, else `default` in the checkout; it must exist (`build` makes it).
+fn release_filter(env: &str, default: &str, build: &str) -> Result<PathBuf> {
+    let path = std::env::var(env).map_or_else(|_| repo_root().join(default), PathBuf::from);
     if !path.exists() {
-        bail!(
-            "{} not found: build it with `cargo build -p skewgate-filter --target wasm32-wasip1 --release`",
-            path.display()
-        );
+        bail!("{} not found: build it with `{build}`", path.display());
     }
     Ok(path)
 }

@@ -268,7 +268,8 @@ impl NativeFilter {
     /// The body at hand is what this filter buffered so far plus the piece just received
     /// (proxy-wasm gives its size the same way).
     pub fn on_response_body(&mut self, end_of_stream: bool) -> BodyPhase {
-        if !self.decoded {
+        // Most responses pass as they are: no body callbacks for them.
+        if !self.decoded || !self.request.wants_response_body() {
             return BodyPhase::Continue;
         }
         let size = self.request.host_mut().measure_body();

@@ -305,6 +305,13 @@ impl<H: Host> Request<H> {
         Ok(())
     }
 
+    /// Whether [`Request::on_response_body`] does anything with the body: a replacement to
+    /// send, or the local `/openapi/v3` answer to complete. A shell whose host must measure
+    /// the body first can skip that for every other response.
+    pub fn wants_response_body(&self) -> bool {
+        self.openapi_root || self.replacement.is_some()
+    }
+
     /// The replacement goes out in place of the first chunk, and every later chunk of the
     /// original is dropped. Nothing is buffered: buffering a document larger than Envoy's
     /// buffer limit (1 MiB by default; merged discovery may be 12 MiB) makes Envoy reset the
