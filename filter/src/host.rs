@@ -31,7 +31,9 @@ fn map_type(map: Headers) -> MapType {
 pub struct ProxyHost;
 
 impl Host for ProxyHost {
-    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, HostError> {
+    type RequestHeaders = Vec<(String, Bytes)>;
+
+    fn request_headers(&mut self) -> Result<Self::RequestHeaders, HostError> {
         hostcalls::get_map_bytes(MapType::HttpRequestHeaders).map_err(host_error)
     }
 

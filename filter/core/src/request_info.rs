@@ -37,8 +37,10 @@ pub struct RequestInfo {
     pub is_resource_request: bool,
     /// The percent-decoded path, as Go's `URL.Path`.
     pub path: String,
-    pub verb: String,
-    pub api_prefix: String,
+    /// Nearly always one of the verbs kube-apiserver names, which need no allocation.
+    pub verb: Cow<'static, str>,
+    /// `api` or `apis` (or empty).
+    pub api_prefix: &'static str,
     pub api_group: String,
     pub api_version: String,
     pub namespace: String,
@@ -54,7 +56,7 @@ impl RequestInfo {
     /// these stream for as long as they last and get no request timeout; everything else is
     /// bounded by the apiserver's `--request-timeout`, and so by ours.
     pub fn is_long_running(&self) -> bool {
-        matches!(self.verb.as_str(), "watch" | "proxy")
+        matches!(&*self.verb, "watch" | "proxy")
             || (self.is_resource_request
                 && matches!(
                     self.subresource.as_str(),
@@ -122,7 +124,7 @@ fn fill(
     raw_query: &str,
 ) -> Result<(), RequestInfoError> {
     // Start with a non-resource request until proven otherwise.
-    info.verb = go_to_lower(method);
+    info.verb = lower_method(method);
 
     let segments = split_path(path);
     let mut current: &[&str] = &segments;
@@ -132,10 +134,10 @@ fn fill(
     let Some((&prefix, rest)) = current.split_first() else {
         return Ok(());
     };
-    if !API_PREFIXES.contains(&prefix) {
+    let Some(&prefix) = API_PREFIXES.iter().find(|&&p| p == prefix) else {
         return Ok(());
-    }
-    info.api_prefix = prefix.to_owned();
+    };
+    info.api_prefix = prefix;
     current = rest;
 
     if !GROUPLESS_API_PREFIXES.contains(&prefix) {
@@ -163,10 +165,10 @@ fn fill(
             if rest.is_empty() {
                 return Err(RequestInfoError::MissingResourceAfterVerb);
             }
-            info.verb = verb.to_owned();
+            info.verb = Cow::Borrowed(if verb == "watch" { "watch" } else { "proxy" });
             current = rest;
         }
-        _ => info.verb = verb_for_method(method).to_owned(),
+        _ => info.verb = Cow::Borrowed(verb_for_method(method)),
     }
 
     // URL forms: /namespaces/{namespace}/{kind}/*, where parts are adjusted to be relative to kind.
@@ -188,7 +190,7 @@ fn fill(
     info.parts = current.iter().map(|part| (*part).to_owned()).collect();
 
     // Parts look like: resource/resourceName/subresource/other/stuff/we/don't/interpret
-    if !SPECIAL_VERBS_NO_SUBRESOURCES.contains(&info.verb.as_str()) {
+    if !SPECIAL_VERBS_NO_SUBRESOURCES.contains(&&*info.verb) {
         if let Some(&subresource) = current.get(2) {
             info.subresource = subresource.to_owned();
         }
@@ -203,14 +205,14 @@ fn fill(
     // No name on a get: the actual verb is list or watch.
     if info.name.is_empty() && info.verb == "get" {
         let (watch, name) = ListQuery::parse(raw_query).watch_and_name();
-        info.verb = if watch { "watch" } else { "list" }.to_owned();
+        info.verb = Cow::Borrowed(if watch { "watch" } else { "list" });
         if let Some(name) = name {
             info.name = name;
         }
     }
     // No name on a delete: the actual verb is deletecollection.
     if info.name.is_empty() && info.verb == "delete" {
-        info.verb = "deletecollection".to_owned();
+        info.verb = Cow::Borrowed("deletecollection");
     }
     Ok(())
 }
@@ -225,6 +227,21 @@ fn verb_for_method(method: &str) -> &'static str {
         "DELETE" => "delete",
         _ => "",
     }
+}
+
+/// The verb of a non-resource request: the method in lower case, without an allocation for the
+/// methods clients send.
+fn lower_method(method: &str) -> Cow<'static, str> {
+    Cow::Borrowed(match method {
+        "GET" => "get",
+        "HEAD" => "head",
+        "POST" => "post",
+        "PUT" => "put",
+        "PATCH" => "patch",
+        "DELETE" => "delete",
+        "OPTIONS" => "options",
+        _ => return Cow::Owned(go_to_lower(method)),
+    })
 }
 
 /// Go's `strings.ToLower` (simple, per-rune lowercase mapping).
@@ -936,7 +953,7 @@ mod tests {
     fn non(path: &str, verb: &str) -> RequestInfo {
         RequestInfo {
             path: path.into(),
-            verb: verb.into(),
+            verb: Cow::Owned(verb.into()),
             ..Default::default()
         }
     }
@@ -945,12 +962,20 @@ mod tests {
         RequestInfo {
             is_resource_request: true,
             path: path.into(),
-            verb: verb.into(),
-            api_prefix: prefix.into(),
+            verb: Cow::Owned(verb.into()),
+            api_prefix: static_prefix(prefix),
             api_group: group.into(),
             api_version: version.into(),
             ..Default::default()
         }
+    }
+
+    /// The constant a test's prefix names (a test names only real ones).
+    fn static_prefix(prefix: &str) -> &'static str {
+        API_PREFIXES
+            .into_iter()
+            .find(|&p| p == prefix)
+            .unwrap_or_else(|| panic!("not an API prefix: {prefix}"))
     }
 
     /// Core v1 shorthand.
@@ -970,7 +995,7 @@ mod tests {
 
     impl With for RequestInfo {
         fn prefix(mut self, v: &str) -> Self {
-            self.api_prefix = v.into();
+            self.api_prefix = static_prefix(v);
             self
         }
         fn ns(mut self, v: &str) -> Self {
@@ -1555,7 +1580,7 @@ mod tests {
             "(".repeat(8192)
         );
         let got = parse("GET", &format!("/api/v1/pods?{query}")).unwrap();
-        assert_eq!((got.verb.as_str(), got.name.as_str()), ("list", ""));
+        assert_eq!((&*got.verb, got.name.as_str()), ("list", ""));
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]
@@ -1790,7 +1815,7 @@ mod tests {
         };
         if info.is_resource_request {
             assert!(
-                API_PREFIXES.contains(&info.api_prefix.as_str()),
+                API_PREFIXES.contains(&info.api_prefix),
                 "{method} {target:?}: {info:?}"
             );
             assert!(!info.parts.is_empty(), "{method} {target:?}: {info:?}");

@@ -19,6 +19,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
 use crate::filter::{self, BodyPhase, NativeConfig, NativeFilter};
+use skewgate_core::pipeline::HeaderBlock;
 
 /// The ABI version this module was written against, returned to Envoy from
 /// `on_program_init`: Envoy 1.40.0 logs "Dynamic module ABI version v0.2.0 matched." for it
@@ -268,12 +269,25 @@ pub fn refusal() -> Option<&'static str> {
 /// # Safety
 /// `ptr` is null (then `length` is ignored) or valid for `length` bytes.
 unsafe fn copy(ptr: *const c_char, length: usize) -> Vec<u8> {
+    // SAFETY: the caller's contract.
+    unsafe { lent(ptr, length) }.to_vec()
+}
+
+/// Bytes Envoy lent, as a slice for as long as the caller says.
+///
+/// # Safety
+/// `ptr` is null (then `length` is ignored) or valid for `length` bytes for all of `'a`.
+unsafe fn lent<'a>(ptr: *const c_char, length: usize) -> &'a [u8] {
     if ptr.is_null() || length == 0 {
-        return Vec::new();
+        return &[];
     }
     // SAFETY: the caller's contract.
-    unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), length) }.to_vec()
+    unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), length) }
 }
+
+/// Up to this many headers, Envoy's views of them are read into an array on the stack (a
+/// kubectl request has about ten; a request may have up to the listener's 500).
+const SMALL_HEADER_COUNT: usize = 64;
 
 /// Writes one log line through Envoy's `dynamic_modules` logger, if that level is on.
 pub fn log(level: LogLevel, message: std::fmt::Arguments<'_>) {
@@ -308,30 +322,44 @@ impl Filter {
     }
 
     /// Every header of `map`, names and raw values copied.
-    pub fn headers(&self, map: HeaderMap) -> Result<Vec<(String, Vec<u8>)>, Refused> {
+    pub fn headers(&self, map: HeaderMap) -> Result<HeaderBlock, Refused> {
         let cb = self.cb()?;
         // SAFETY: `self.ptr` is this stream's filter (see `Filter`).
         let count = unsafe { (cb.http_get_headers_size)(self.ptr, map as c_int) };
-        let mut raw = vec![EnvoyHeader::EMPTY; count];
+        // Envoy's views go on the stack for a request of ordinary size.
+        let mut small = [EnvoyHeader::EMPTY; SMALL_HEADER_COUNT];
+        let mut large = Vec::new();
+        let raw: &mut [EnvoyHeader] = match small.get_mut(..count) {
+            Some(small) => small,
+            None => {
+                large.resize(count, EnvoyHeader::EMPTY);
+                &mut large
+            }
+        };
         // SAFETY: `raw` has room for `count` entries, the size Envoy just gave.
         if count > 0 && !unsafe { (cb.http_get_headers)(self.ptr, map as c_int, raw.as_mut_ptr()) }
         {
             return Err(Refused);
         }
-        Ok(raw
-            .iter()
-            .map(|h| {
-                // SAFETY: Envoy filled each entry with views valid until this hook returns
-                // and no setter ran since.
-                let (name, value) = unsafe {
-                    (
-                        copy(h.key_ptr, h.key_length),
-                        copy(h.value_ptr, h.value_length),
-                    )
-                };
-                (String::from_utf8_lossy(&name).into_owned(), value)
-            })
-            .collect())
+        let (names, values) = raw.iter().fold((0usize, 0usize), |(n, v), h| {
+            (
+                n.saturating_add(h.key_length),
+                v.saturating_add(h.value_length),
+            )
+        });
+        let mut block = HeaderBlock::with_capacity(count, names, values);
+        for h in raw.iter() {
+            // SAFETY: Envoy filled each entry with views valid until this hook returns and no
+            // setter ran since; they are copied before this function returns.
+            let (name, value) = unsafe {
+                (
+                    lent(h.key_ptr, h.key_length),
+                    lent(h.value_ptr, h.value_length),
+                )
+            };
+            block.push(name, value);
+        }
+        Ok(block)
     }
 
     /// The first value of header `name` in `map`.

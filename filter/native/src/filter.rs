@@ -19,7 +19,7 @@ use skewgate_core::config::{ConfigError, FilterConfig, MAX_CONFIG_BYTES};
 use skewgate_core::discovery::MergedDiscovery;
 use skewgate_core::metrics::Counter;
 use skewgate_core::pipeline::{
-    Action, Bytes, Configured, Headers, Host, HostError, Level, Request, Worker,
+    Action, Bytes, Configured, HeaderBlock, Headers, Host, HostError, Level, Request, Worker,
 };
 use skewgate_core::plan::{CompiledConfig, LocalReply};
 use skewgate_core::shared_discovery::{SharedData, StoreError, Versioned};
@@ -328,7 +328,9 @@ fn header_map(map: Headers) -> HeaderMap {
 }
 
 impl Host for NativeHost {
-    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, HostError> {
+    type RequestHeaders = HeaderBlock;
+
+    fn request_headers(&mut self) -> Result<HeaderBlock, HostError> {
         self.filter.headers(HeaderMap::Request).map_err(refused)
     }
 

@@ -8,5 +8,5 @@ mod host;
 mod request;
 
 pub use counters::Metrics;
-pub use host::{Action, Bytes, Headers, Host, HostError, Level};
+pub use host::{Action, Bytes, HeaderBlock, Headers, Host, HostError, Level, RequestHeaders};
 pub use request::{Configured, Request, Worker};

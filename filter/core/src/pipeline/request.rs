@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::counters::Metrics;
-use super::host::{Action, Headers, Host, HostError, Level};
+use super::host::{Action, Headers, Host, HostError, Level, RequestHeaders};
 use crate::client_cert;
 use crate::log_limit::LogLimit;
 use crate::metrics::Counter;
@@ -114,7 +114,8 @@ impl<H: Host> Request<H> {
     }
 
     fn route_request(&mut self) -> Result<Action, HostError> {
-        let headers = self.host.request_headers()?;
+        let held = self.host.request_headers()?;
+        let headers = held.pairs();
         // The verified client certificate's subject, set by Envoy in a header it never lets a
         // client's copy through (docs/ARCHITECTURE.md, "Step 2"): no property call.
         let subject = match client_cert::subject(&headers) {

@@ -211,7 +211,9 @@ impl SharedData for NoSharedData {
 }
 
 impl Host for FakeHost {
-    fn request_headers(&mut self) -> Result<Vec<(String, Bytes)>, HostError> {
+    type RequestHeaders = Vec<(String, Bytes)>;
+
+    fn request_headers(&mut self) -> Result<Self::RequestHeaders, HostError> {
         self.call("request_headers", format_args!(""))?;
         Ok(self.request.clone())
     }
