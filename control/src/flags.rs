@@ -142,7 +142,6 @@ pub fn parse_cidr(s: &str) -> Result<ipnet::IpNet, FlagError> {
     crate::peers::parse_cidr(s).map_err(|e| FlagError::value(s, e))
 }
 
-/// Envoy resolves relative paths against its own working directory: refuse them.
 /// Which filter Envoy runs, and where Envoy finds it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DataPlaneFlags {
@@ -191,6 +190,7 @@ impl DataPlaneFlags {
     }
 }
 
+/// Envoy resolves relative paths against its own working directory: refuse them.
 pub fn absolute(flag: &'static str, path: &Path) -> Result<(), FlagError> {
     if path.is_absolute() {
         Ok(())

@@ -34,6 +34,7 @@ use axum::Router;
 use serde::Deserialize;
 
 use crate::envoy::admin::{self, FILTER_STATS};
+use crate::envoy::resources::NATIVE_METRICS_NAMESPACE;
 use crate::flags::{parse_socket_address, FlagError};
 use crate::local_channels::LocalChannel;
 use crate::metrics::{encode, Families};
@@ -150,8 +151,8 @@ async fn metrics(State(h): State<Arc<Health>>) -> Response {
 /// writes a dynamic module's metrics (the native filter's, in that same namespace) as
 /// `envoy_wasmcustom_<name>`. Only those names change; labels and values stay.
 fn upstream_names(text: &str) -> Cow<'_, str> {
-    const NATIVE_PREFIX: &str = "envoy_wasmcustom_";
-    if !text.contains(NATIVE_PREFIX) {
+    let native_prefix = format!("envoy_{NATIVE_METRICS_NAMESPACE}_");
+    if !text.contains(&native_prefix) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len());
@@ -164,7 +165,7 @@ fn upstream_names(text: &str) -> Cow<'_, str> {
             },
         };
         out.push_str(comment);
-        out.push_str(rest.strip_prefix(NATIVE_PREFIX).unwrap_or(rest));
+        out.push_str(rest.strip_prefix(native_prefix.as_str()).unwrap_or(rest));
     }
     Cow::Owned(out)
 }

@@ -5,7 +5,9 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
-use skewgate_core::config::{ConfigError, DiscoveryRef, FilterConfig, MAX_CONFIG_BYTES};
+use skewgate_core::config::{
+    refused_message, ConfigError, DiscoveryRef, FilterConfig, MAX_CONFIG_BYTES,
+};
 use skewgate_core::discovery::MergedDiscovery;
 use skewgate_core::plan::CompiledConfig;
 use skewgate_core::shared_discovery;
@@ -38,10 +40,10 @@ impl RootContext for Root {
         let started = ProxyHost.now().ok();
         if plugin_configuration_size > MAX_CONFIG_BYTES {
             log::error!(
-                "skewgate: {}; keeping the previous configuration",
-                ConfigError::TooLarge {
+                "{}",
+                refused_message(ConfigError::TooLarge {
                     bytes: plugin_configuration_size
-                }
+                })
             );
             return false;
         }
@@ -62,7 +64,7 @@ impl RootContext for Root {
         let routing = match routing {
             Ok(routing) => routing,
             Err(e) => {
-                log::error!("skewgate: {e}; keeping the previous configuration");
+                log::error!("{}", refused_message(e));
                 return false;
             }
         };
@@ -74,14 +76,14 @@ impl RootContext for Root {
                     "on (unversioned: this VM's own copy)".to_string(),
                 ),
                 Err(e) => {
-                    log::error!("skewgate: {e}; keeping the previous configuration");
+                    log::error!("{}", refused_message(e));
                     return false;
                 }
             },
             DiscoveryRef::Version(version) => match shared_discovery(version) {
                 Ok(found) => found,
                 Err(e) => {
-                    log::error!("skewgate: {e}; keeping the previous configuration");
+                    log::error!("{}", refused_message(e));
                     return false;
                 }
             },
@@ -102,10 +104,7 @@ impl RootContext for Root {
         // bootstrap's fallback at start (to check it) and again on every worker when
         // the control plane did not configure it within the wait.
         if let Some(mode) = compiled.fallback {
-            log::warn!(
-                "skewgate: FALLBACK configuration ({}) loaded: used while the control plane has not configured this Envoy, until its first configuration replaces it",
-                mode.as_str()
-            );
+            log::warn!("{}", mode.loaded_message());
         }
         crate::metrics::set_fallback(compiled.fallback.is_some());
         // The counters' ids are per configuration: its label values may differ.

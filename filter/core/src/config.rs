@@ -234,6 +234,21 @@ impl FallbackMode {
             FallbackMode::LastAcknowledged => "last-acknowledged",
         }
     }
+
+    /// The warning either shell logs when it loads this fallback (operators and the tests look
+    /// for it).
+    pub fn loaded_message(self) -> String {
+        format!(
+            "skewgate: FALLBACK configuration ({}) loaded: used while the control plane has not configured this Envoy, until its first configuration replaces it",
+            self.as_str()
+        )
+    }
+}
+
+/// The error either shell logs when it refuses a configuration: Envoy rejects it (a NACK over
+/// xDS) and keeps the one it has.
+pub fn refused_message(error: impl fmt::Display) -> String {
+    format!("skewgate: {error}; keeping the previous configuration")
 }
 
 /// The base name of the local apiserver's static clusters in the bootstrap, for

@@ -160,15 +160,18 @@ fn fill(
     current = rest;
 
     // Input of the form /{specialVerb}/*
-    match current.split_first() {
-        Some((&verb, rest)) if SPECIAL_VERBS.contains(&verb) => {
+    let special = current
+        .split_first()
+        .and_then(|(&verb, rest)| Some((*SPECIAL_VERBS.iter().find(|&&v| v == verb)?, rest)));
+    match special {
+        Some((verb, rest)) => {
             if rest.is_empty() {
                 return Err(RequestInfoError::MissingResourceAfterVerb);
             }
-            info.verb = Cow::Borrowed(if verb == "watch" { "watch" } else { "proxy" });
+            info.verb = Cow::Borrowed(verb);
             current = rest;
         }
-        _ => info.verb = Cow::Borrowed(verb_for_method(method)),
+        None => info.verb = Cow::Borrowed(verb_for_method(method)),
     }
 
     // URL forms: /namespaces/{namespace}/{kind}/*, where parts are adjusted to be relative to kind.

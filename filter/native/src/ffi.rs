@@ -530,12 +530,9 @@ impl Filter {
     }
 
     /// Adds one to counter `id` with `labels` (as many as it was defined with).
-    pub fn increment_counter(&self, id: usize, labels: &[&str]) -> Result<(), Refused> {
+    pub fn increment_counter<S: AsRef<str>>(&self, id: usize, labels: &[S]) -> Result<(), Refused> {
         let cb = self.cb()?;
-        let mut values: Vec<ModuleBuffer> = labels
-            .iter()
-            .map(|l| ModuleBuffer::of(l.as_bytes()))
-            .collect();
+        let mut values = module_buffers(labels);
         // SAFETY: `values` points into `labels` for the call.
         let result = unsafe {
             (cb.http_filter_increment_counter)(self.ptr, id, values.as_mut_ptr(), values.len(), 1)
@@ -552,6 +549,14 @@ pub struct FilterConfig<'hook> {
     _hook: PhantomData<&'hook ()>,
 }
 
+/// Views of `labels` for one call (label names or values), in their order.
+fn module_buffers<S: AsRef<str>>(labels: &[S]) -> Vec<ModuleBuffer> {
+    labels
+        .iter()
+        .map(|l| ModuleBuffer::of(l.as_ref().as_bytes()))
+        .collect()
+}
+
 /// What kind of metric to define.
 #[derive(Debug, Clone, Copy)]
 pub enum MetricKind {
@@ -563,10 +568,7 @@ impl FilterConfig<'_> {
     /// Defines a metric named `name` with `labels`; its id.
     pub fn define(&self, kind: MetricKind, name: &str, labels: &[&str]) -> Result<usize, Refused> {
         let cb = callbacks().ok_or(Refused)?;
-        let mut names: Vec<ModuleBuffer> = labels
-            .iter()
-            .map(|l| ModuleBuffer::of(l.as_bytes()))
-            .collect();
+        let mut names = module_buffers(labels);
         let mut id = 0usize;
         let define = match kind {
             MetricKind::Counter => cb.http_filter_config_define_counter,
@@ -588,12 +590,14 @@ impl FilterConfig<'_> {
 
     /// Adds `value` to counter `id` with `labels`; 0 only makes the series exist in this
     /// configuration (see `filter::NativeConfig::new`).
-    pub fn add_counter(&self, id: usize, labels: &[&str], value: u64) -> Result<(), Refused> {
+    pub fn add_counter<S: AsRef<str>>(
+        &self,
+        id: usize,
+        labels: &[S],
+        value: u64,
+    ) -> Result<(), Refused> {
         let cb = callbacks().ok_or(Refused)?;
-        let mut values: Vec<ModuleBuffer> = labels
-            .iter()
-            .map(|l| ModuleBuffer::of(l.as_bytes()))
-            .collect();
+        let mut values = module_buffers(labels);
         // SAFETY: `self.ptr` is the configuration Envoy is creating now; `values` points into
         // `labels` for the call.
         let result = unsafe {

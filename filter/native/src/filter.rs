@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use skewgate_core::config::{ConfigError, FilterConfig, MAX_CONFIG_BYTES};
+use skewgate_core::config::{refused_message, ConfigError, FilterConfig, MAX_CONFIG_BYTES};
 use skewgate_core::discovery::MergedDiscovery;
 use skewgate_core::metrics::Counter;
 use skewgate_core::pipeline::{
@@ -80,10 +80,10 @@ impl NativeConfig {
             ffi::log(
                 LogLevel::Error,
                 format_args!(
-                    "skewgate: {}; keeping the previous configuration",
-                    ConfigError::TooLarge {
+                    "{}",
+                    refused_message(ConfigError::TooLarge {
                         bytes: config.len()
-                    }
+                    })
                 ),
             );
             return None;
@@ -91,10 +91,7 @@ impl NativeConfig {
         let parsed = match FilterConfig::from_json(config) {
             Ok(parsed) => parsed,
             Err(e) => {
-                ffi::log(
-                    LogLevel::Error,
-                    format_args!("skewgate: {e}; keeping the previous configuration"),
-                );
+                ffi::log(LogLevel::Error, format_args!("{}", refused_message(e)));
                 return None;
             }
         };
@@ -121,10 +118,9 @@ impl NativeConfig {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         for (metric, values) in &series {
-            let values: Vec<&str> = values.iter().map(String::as_str).collect();
             if let Some(id) = counters.get(metric) {
                 // A failure costs that series its value, not the configuration.
-                let _ = envoy.add_counter(*id, &values, 0);
+                let _ = envoy.add_counter(*id, values, 0);
             }
         }
         let fallback = u64::from(compiled.fallback.is_some());
@@ -148,13 +144,7 @@ impl NativeConfig {
             ),
         );
         if let Some(mode) = compiled.fallback {
-            ffi::log(
-                LogLevel::Warn,
-                format_args!(
-                    "skewgate: FALLBACK configuration ({}) loaded: used while the control plane has not configured this Envoy, until its first configuration replaces it",
-                    mode.as_str()
-                ),
-            );
+            ffi::log(LogLevel::Warn, format_args!("{}", mode.loaded_message()));
         }
         Some(NativeConfig {
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
@@ -442,9 +432,8 @@ impl Host for NativeHost {
         let Some((metric, values)) = usize::try_from(id).ok().and_then(|i| series.get(i)) else {
             return Err(HostError(2));
         };
-        let values: Vec<&str> = values.iter().map(String::as_str).collect();
         self.filter
-            .increment_counter(*metric, &values)
+            .increment_counter(*metric, values)
             .map_err(refused)
     }
 
