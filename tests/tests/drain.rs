@@ -11,8 +11,11 @@
 //!   --goaway-chance` and its file (`crate::envoy::goaway`).
 
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -25,6 +28,7 @@ use skewgate_control::local_channels::{LocalChannel, ADMIN_SOCKET};
 use skewgate_tests::{
     control_bin, envoy_bin, filter_flags, free_port, local_get, repo_root, SimApiserver,
 };
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
@@ -209,11 +213,11 @@ struct Tally {
     told_to_reconnect: Vec<Instant>,
     /// Requests sent that got no complete answer, or a wrong one: what must never happen.
     failed: Vec<String>,
-    /// HTTP/1.1 requests sent as the first on a new connection that was reset before any
-    /// answer (when, and the request's number): a connection the kernel completed just before
-    /// Envoy closed its listening socket is reset with the socket, before Envoy ever read from
-    /// it. Refused, if the request never reached an apiserver (the caller checks); cut
-    /// otherwise.
+    /// Requests whose new connection was reset before the server sent a byte on it (when, and
+    /// the request's number): a connection the kernel completed just before Envoy closed its
+    /// listening socket is reset with the socket, never accepted by Envoy (see
+    /// [`CountingStream`]). Turned away, if it came at the ports' close (the caller checks, and
+    /// looks the HTTP/1.1 creates up on the apiserver); cut otherwise.
     reset_unread: Vec<(Instant, u64)>,
 }
 
@@ -301,13 +305,72 @@ fn is_turned_away(e: &std::io::Error) -> bool {
     is_refused(e) || e.kind() == std::io::ErrorKind::ConnectionReset
 }
 
+/// A client's TCP connection that counts the bytes the server sent on it. A connection reset
+/// before the server sent a byte was never accepted by Envoy: Envoy writes its HTTP/2 SETTINGS
+/// as soon as it reads the preface, answers an HTTP/1.1 request before anything else, and
+/// leaves the connections it accepted open when its ports close. It was reset by the kernel,
+/// queued on the listening socket Envoy closed: turned away, like a refused connection.
+struct CountingStream {
+    tcp: TcpStream,
+    read: Arc<AtomicU64>,
+}
+
+impl CountingStream {
+    async fn connect(address: &str) -> std::io::Result<(Self, Arc<AtomicU64>)> {
+        let tcp = TcpStream::connect(address).await?;
+        let read = Arc::new(AtomicU64::new(0));
+        Ok((
+            CountingStream {
+                tcp,
+                read: read.clone(),
+            },
+            read,
+        ))
+    }
+}
+
+impl AsyncRead for CountingStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.tcp).poll_read(cx, buf);
+        let read = (buf.filled().len() - before) as u64;
+        self.read.fetch_add(read, Ordering::Relaxed);
+        polled
+    }
+}
+
+impl AsyncWrite for CountingStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
 /// Sequential requests on HTTP/1.1 keep-alive connections until `until` or `max` requests; a
 /// new connection after each `Connection: close`.
 async fn h1_loop(address: String, load: Load, until: Instant, max: u64) -> Tally {
     let mut tally = Tally::default();
     let mut n = 0;
     'connections: while Instant::now() < until && n < max {
-        let tcp = match TcpStream::connect(&address).await {
+        let (tcp, server_sent) = match CountingStream::connect(&address).await {
             Ok(tcp) => tcp,
             Err(e) => {
                 if is_turned_away(&e) {
@@ -328,7 +391,6 @@ async fn h1_loop(address: String, load: Load, until: Instant, max: u64) -> Tally
                 }
             };
         tokio::spawn(conn);
-        let mut first = true;
         while Instant::now() < until && n < max {
             if sender.ready().await.is_err() {
                 // Closed while idle, without a Connection: close: nothing was sent.
@@ -346,7 +408,7 @@ async fn h1_loop(address: String, load: Load, until: Instant, max: u64) -> Tally
                 .expect("a request");
             let resp = match sender.send_request(request).await {
                 Ok(resp) => resp,
-                Err(e) if first && !e.is_parse() => {
+                Err(_) if server_sent.load(Ordering::Relaxed) == 0 => {
                     tally.reset_unread.push((Instant::now(), n));
                     continue 'connections;
                 }
@@ -355,7 +417,6 @@ async fn h1_loop(address: String, load: Load, until: Instant, max: u64) -> Tally
                     continue 'connections;
                 }
             };
-            first = false;
             let status = resp.status().as_u16();
             let close = resp
                 .headers()
@@ -403,8 +464,8 @@ async fn h2_loop(
     let mut watch = watch;
     let mut n = 0;
     'connections: while Instant::now() < until && n < max {
-        let mut send = match h2_connect(&address).await {
-            Ok(send) => send,
+        let (mut send, server_sent) = match h2_connect(&address).await {
+            Ok(connected) => connected,
             Err(Connect::Refused) => {
                 tally.refused.push(Instant::now());
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -426,6 +487,11 @@ async fn h2_loop(
                 Ok(send) => send,
                 Err(e) if e.is_go_away() => {
                     tally.told_to_reconnect.push(Instant::now());
+                    continue 'connections;
+                }
+                Err(e) if is_reset(&e) && server_sent.load(Ordering::Relaxed) == 0 => {
+                    // Reset before Envoy accepted it, nothing sent: turned away.
+                    tally.refused.push(Instant::now());
                     continue 'connections;
                 }
                 Err(e) => {
@@ -453,6 +519,10 @@ async fn h2_loop(
                     tally.told_to_reconnect.push(Instant::now());
                     continue 'connections;
                 }
+                Err(e) if is_reset(&e) && server_sent.load(Ordering::Relaxed) == 0 => {
+                    tally.reset_unread.push((Instant::now(), n));
+                    continue 'connections;
+                }
                 Err(e) => {
                     tally.failed.push(format!("request {n}: {e}"));
                     continue 'connections;
@@ -469,7 +539,15 @@ async fn h2_loop(
                 Ok((status, body)) => tally
                     .failed
                     .push(format!("request {n}: status {status}: {body}")),
-                Err(e) => tally.failed.push(format!("request {n}: {e}")),
+                Err(e) if is_reset(&e) && server_sent.load(Ordering::Relaxed) == 0 => {
+                    tally.reset_unread.push((Instant::now(), n));
+                    continue 'connections;
+                }
+                Err(e) => {
+                    // Once per cut request: the connection is gone, the next request gets a new one.
+                    tally.failed.push(format!("request {n}: {e}"));
+                    continue 'connections;
+                }
             }
         }
         break;
@@ -477,13 +555,22 @@ async fn h2_loop(
     tally
 }
 
+/// An HTTP/2 connection's end by a TCP reset.
+fn is_reset(e: &h2::Error) -> bool {
+    e.get_io()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionReset)
+}
+
 enum Connect {
     Refused,
     Other(String),
 }
 
-async fn h2_connect(address: &str) -> Result<h2::client::SendRequest<Bytes>, Connect> {
-    let tcp = TcpStream::connect(address).await.map_err(|e| {
+/// A new HTTP/2 connection, and the count of the bytes the server sent on it.
+async fn h2_connect(
+    address: &str,
+) -> Result<(h2::client::SendRequest<Bytes>, Arc<AtomicU64>), Connect> {
+    let (tcp, server_sent) = CountingStream::connect(address).await.map_err(|e| {
         if is_turned_away(&e) {
             Connect::Refused
         } else {
@@ -500,7 +587,7 @@ async fn h2_connect(address: &str) -> Result<h2::client::SendRequest<Bytes>, Con
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    Ok(send)
+    Ok((send, server_sent))
 }
 
 async fn h2_response(response: h2::client::ResponseFuture) -> Result<(u16, String), h2::Error> {
@@ -609,6 +696,67 @@ async fn probe_readyz(address: String, until: Instant) -> Vec<(Instant, String)>
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     seen
+}
+
+/// The clients' own reading of a reset, which the SIGTERM test relies on. A connection the
+/// kernel completed on a listening socket that closes before accepting it is reset before the
+/// server sent a byte: its request is counted as reset unread (turned away), and the next
+/// connections as refused. A connection reset after the server sent something (a partial
+/// HTTP/1.1 answer, HTTP/2's SETTINGS) is a cut request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_before_the_server_sent_a_byte_is_turned_away_and_after_it_cut() -> Result<()> {
+    for http2 in [false, true] {
+        let (load, name) = (Load::FastGet, if http2 { "HTTP/2" } else { "HTTP/1.1" });
+        let client = |address: String, until: Instant| {
+            if http2 {
+                tokio::spawn(h2_loop(address, load, until, 2, None))
+            } else {
+                tokio::spawn(h1_loop(address, load, until, 2))
+            }
+        };
+
+        // Never accepted: the listening socket closes with the connection queued on it.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let address = listener.local_addr()?.to_string();
+        let tally = client(address, Instant::now() + Duration::from_millis(800));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(listener);
+        let tally = tally.await?;
+        ensure!(
+            tally.failed.is_empty()
+                && tally.ok == 0
+                && tally.reset_unread.iter().map(|(_, n)| *n).eq([1])
+                && !tally.refused.is_empty(),
+            "{name}, never accepted: {tally:?}"
+        );
+
+        // Accepted, the request read, some bytes sent, then reset.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let address = listener.local_addr()?.to_string();
+        let tally = client(address, Instant::now() + Duration::from_millis(800));
+        let (mut tcp, _) = listener.accept().await?;
+        let mut request = [0; 64];
+        tokio::io::AsyncReadExt::read(&mut tcp, &mut request).await?;
+        let sent: &[u8] = if http2 {
+            // An empty SETTINGS frame.
+            &[0, 0, 0, 4, 0, 0, 0, 0, 0]
+        } else {
+            b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{"
+        };
+        tokio::io::AsyncWriteExt::write_all(&mut tcp, sent).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The port closes first: the client's next connection is refused, not queued.
+        drop(listener);
+        tcp.set_zero_linger()?;
+        drop(tcp);
+        let tally = tally.await?;
+        ensure!(
+            tally.failed.len() == 1 && tally.ok == 0 && tally.reset_unread.is_empty(),
+            "{name}, reset after the server sent {} bytes: {tally:?}",
+            sent.len()
+        );
+    }
+    Ok(())
 }
 
 fn secs(since: Instant, t: Instant) -> f64 {
@@ -732,20 +880,24 @@ async fn sigterm_drains_envoy_instead_of_cutting_requests() -> Result<()> {
         "requests were cut:\n{}",
         context()
     );
-    // A create reset before any answer on a connection the kernel completed as the ports
-    // closed: Envoy never read it, so it is refused, if it came at the close and never reached
-    // the apiserver; anything else is a cut request.
+    // A request reset before Envoy sent a byte on its new connection: the kernel reset a
+    // connection Envoy never accepted, as the ports closed. Turned away, if it came at the close
+    // and (the creates, looked up by name) never reached the apiserver; cut otherwise.
     // The lookup finds what did reach it: the first create, answered long before the SIGTERM.
     let first = reqwest::get(format!("{}{CONFIGMAPS}/h1-1", sim.url()))
         .await?
         .status();
     ensure!(first == 200, "the first create is not found ({first})");
-    for (at, n) in &h1.reset_unread {
-        ensure!(
-            *at > d - Duration::from_millis(200) && *at < d + Duration::from_secs(1),
-            "HTTP/1.1 request {n} reset unread away from the ports' close:\n{}",
-            context()
-        );
+    for (name, tally) in [("HTTP/1.1", &h1), ("HTTP/2", &h2)] {
+        for (at, n) in &tally.reset_unread {
+            ensure!(
+                *at > d - Duration::from_millis(200) && *at < d + Duration::from_secs(1),
+                "{name} request {n} reset unread away from the ports' close:\n{}",
+                context()
+            );
+        }
+    }
+    for (_, n) in &h1.reset_unread {
         let found = reqwest::get(format!("{}{CONFIGMAPS}/h1-{n}", sim.url()))
             .await?
             .status();
