@@ -3,8 +3,16 @@
 //! any dynamic-module filter costs per request (Envoy's per-stream filter object and one call per
 //! hook), the floor for skewgate's native filter as `bench/empty-filter` is for the wasm one.
 //!
-//! No pointer Envoy passes is read, so there is no `unsafe` block; `#[no_mangle]` is the only
-//! thing the `unsafe_code` lint would name, and it is what a dynamic module is.
+//! Built with `--features design-floor` it does, and only does, the host calls skewgate's
+//! design needs for a local GET, with no decision of its own: it reads the request's headers
+//! (Envoy's views, not copied), sets the routing header to the local apiserver's cluster and
+//! makes Envoy match the route again, and reads the response's `:status`. What Envoy spends on
+//! that build is the floor for skewgate's native filter on a local GET, however cheap its own
+//! decisions were.
+//!
+//! The empty build reads no pointer Envoy passes, so has no `unsafe` block; `#[no_mangle]` is
+//! the only thing the `unsafe_code` lint would name, and it is what a dynamic module is. The
+//! design-floor build's calls into Envoy are in [`design_floor`], each with its invariant.
 #![allow(clippy::missing_safety_doc)]
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -77,11 +85,15 @@ macro_rules! continue_hooks {
     )*};
 }
 
+#[cfg(not(feature = "design-floor"))]
 continue_hooks! {
     envoy_dynamic_module_on_http_filter_request_headers(bool);
+    envoy_dynamic_module_on_http_filter_response_headers(bool);
+}
+
+continue_hooks! {
     envoy_dynamic_module_on_http_filter_request_body(bool);
     envoy_dynamic_module_on_http_filter_request_trailers();
-    envoy_dynamic_module_on_http_filter_response_headers(bool);
     envoy_dynamic_module_on_http_filter_response_body(bool);
     envoy_dynamic_module_on_http_filter_response_trailers();
     envoy_dynamic_module_on_http_filter_local_reply(u32, EnvoyBuffer, bool);
@@ -121,4 +133,130 @@ silent_hooks! {
     envoy_dynamic_module_on_http_filter_config_http_stream_reset(u64, c_int);
     envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark();
     envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark();
+}
+
+/// The host calls a skewgate-like filter cannot do without on a local GET (the
+/// `design-floor` build), declared from Envoy 1.40's `abi.h`; Envoy's executable exports them.
+#[cfg(feature = "design-floor")]
+mod design_floor {
+    use super::{EnvoyBuffer, EnvoyHeader, Ptr, CONTINUE};
+    use std::ffi::{c_char, c_int};
+
+    /// `envoy_dynamic_module_type_module_buffer`.
+    #[repr(C)]
+    struct ModuleBuffer {
+        ptr: *const c_char,
+        length: usize,
+    }
+
+    impl ModuleBuffer {
+        fn of(bytes: &'static [u8]) -> ModuleBuffer {
+            ModuleBuffer {
+                ptr: bytes.as_ptr().cast(),
+                length: bytes.len(),
+            }
+        }
+    }
+
+    /// `envoy_dynamic_module_type_http_header_type`: request and response headers.
+    const REQUEST: c_int = 0;
+    const RESPONSE: c_int = 2;
+    /// As the native filter: Envoy's views of up to this many headers go on the stack.
+    const SMALL_HEADER_COUNT: usize = 64;
+
+    extern "C" {
+        fn envoy_dynamic_module_callback_http_get_headers_size(filter: Ptr, map: c_int) -> usize;
+        fn envoy_dynamic_module_callback_http_get_headers(
+            filter: Ptr,
+            map: c_int,
+            headers: *mut EnvoyHeader,
+        ) -> bool;
+        fn envoy_dynamic_module_callback_http_get_header(
+            filter: Ptr,
+            map: c_int,
+            name: ModuleBuffer,
+            value: *mut EnvoyBuffer,
+            index: usize,
+            count: *mut usize,
+        ) -> bool;
+        fn envoy_dynamic_module_callback_http_set_header(
+            filter: Ptr,
+            map: c_int,
+            name: ModuleBuffer,
+            value: ModuleBuffer,
+        ) -> bool;
+        fn envoy_dynamic_module_callback_http_clear_route_cache(filter: Ptr);
+    }
+
+    /// Reads every request header (views), routes to the local apiserver's cluster.
+    #[no_mangle]
+    pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+        filter: Ptr,
+        _: Ptr,
+        _: bool,
+    ) -> c_int {
+        // SAFETY: `filter` is the stream's filter Envoy passed to this hook.
+        let count = unsafe { envoy_dynamic_module_callback_http_get_headers_size(filter, REQUEST) };
+        if count <= SMALL_HEADER_COUNT {
+            let mut views = [const {
+                EnvoyHeader {
+                    key: EnvoyBuffer {
+                        ptr: std::ptr::null(),
+                        length: 0,
+                    },
+                    value: EnvoyBuffer {
+                        ptr: std::ptr::null(),
+                        length: 0,
+                    },
+                }
+            }; SMALL_HEADER_COUNT];
+            // SAFETY: `views` has room for `count` headers, the number Envoy just gave.
+            unsafe {
+                envoy_dynamic_module_callback_http_get_headers(filter, REQUEST, views.as_mut_ptr())
+            };
+            // What a filter does with them at the least: look at every name once.
+            let names: usize = views.iter().take(count).map(|h| h.key.length).sum();
+            std::hint::black_box(names);
+        }
+        // SAFETY: both buffers are static; Envoy copies them.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_header(
+                filter,
+                REQUEST,
+                ModuleBuffer::of(b"x-skewgate-upstream-cluster"),
+                ModuleBuffer::of(b"skewgate-local-anonymous"),
+            )
+        };
+        // SAFETY: `filter` is the stream's filter Envoy passed to this hook.
+        unsafe { envoy_dynamic_module_callback_http_clear_route_cache(filter) };
+        CONTINUE
+    }
+
+    /// Reads the response's status, as the 404 safety net must.
+    #[no_mangle]
+    pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+        filter: Ptr,
+        _: Ptr,
+        _: bool,
+    ) -> c_int {
+        let mut value = EnvoyBuffer {
+            ptr: std::ptr::null(),
+            length: 0,
+        };
+        let mut count = 0;
+        // SAFETY: `filter` is the stream's filter; the name is static; `value` and `count` are
+        // this frame's, written by Envoy before it returns.
+        unsafe {
+            envoy_dynamic_module_callback_http_get_header(
+                filter,
+                RESPONSE,
+                ModuleBuffer::of(b":status"),
+                &mut value,
+                0,
+                &mut count,
+            )
+        };
+        std::hint::black_box(value.length);
+        CONTINUE
+    }
 }
