@@ -117,7 +117,7 @@ fn exercise(config: &FilterConfig, lines: &[(&str, &str)]) {
                 panic!("{path:?} does not parse");
             };
             assert_eq!(
-                (info.api_group.as_str(), info.api_version.as_str()),
+                (&*info.api_group, &*info.api_version),
                 (gv.group.as_str(), gv.version.as_str()),
                 "{path:?}"
             );

@@ -477,7 +477,9 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
         Upstream::Peer { cluster } => (cluster, Some(ServedBy::Peer)),
         Upstream::Departed { cluster } => (cluster, Some(ServedBy::Departed)),
         Upstream::Unavailable => {
-            return unavailable(method, path, info, decision.reason, compiled);
+            // Owned before `path` moves into the plan: `info` borrows from it.
+            let target = info.map(Target::of);
+            return unavailable(method, path, target, decision.reason, compiled);
         }
     };
     let served = by.zip(info).map(|(by, info)| Served::new(by, info));
@@ -558,17 +560,16 @@ fn retained_message(what: &dyn fmt::Display) -> String {
 fn unavailable<'a>(
     method: Cow<'a, str>,
     path: Cow<'a, str>,
-    info: Option<RequestInfo>,
+    target: Option<Target>,
     reason: Reason,
     compiled: &CompiledConfig,
 ) -> RequestPlan<'a> {
-    let gvr = info.as_ref().map_or(GvrLabel::OTHER, |info| {
-        compiled
-            .labels
-            .of(&info.api_group, &info.api_version, &info.resource)
+    let gvr = target.as_ref().map_or(GvrLabel::OTHER, |target| {
+        let gv = &target.group_version;
+        compiled.labels.of(&gv.group, &gv.version, &target.resource)
     });
-    // Only resource requests are sent nowhere, so `info` is there; the path says it otherwise.
-    let target = info.map_or_else(|| path.to_string(), |info| Target::of(info).to_string());
+    // Only resource requests are sent nowhere, so `target` is there; the path says it otherwise.
+    let target = target.map_or_else(|| path.to_string(), |target| target.to_string());
     let (cause, counter, message) = match reason {
         Reason::PeerDiscoveryPending => (
             Unavailable::PeerDiscoveryPending,
@@ -598,7 +599,8 @@ fn unavailable<'a>(
 
 /// What a resource request asked for, as kube names it in messages
 /// (`resource.k8s.io/v1beta2, Resource=resourceclaims`, [`Display`](fmt::Display)). Its strings
-/// are moved out of the request's [`RequestInfo`]; the text is formatted only for a message.
+/// are copied out of the request's [`RequestInfo`], which borrows from the request; the text is
+/// formatted only for a message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Target {
     pub group_version: GroupVersion,
@@ -608,11 +610,11 @@ pub struct Target {
 }
 
 impl Target {
-    pub fn of(info: RequestInfo) -> Self {
+    pub fn of(info: RequestInfo<'_>) -> Self {
         Target {
             group_version: GroupVersion::new(info.api_group, info.api_version),
-            resource: info.resource,
-            subresource: info.subresource,
+            resource: info.resource.into_owned(),
+            subresource: info.subresource.into_owned(),
         }
     }
 }
@@ -665,10 +667,10 @@ impl Served {
         labels.of(&gv.group, &gv.version, &self.target.resource)
     }
 
-    fn new(by: ServedBy, info: RequestInfo) -> Self {
+    fn new(by: ServedBy, info: RequestInfo<'_>) -> Self {
         let relayed = info.verb == "proxy"
             || matches!(
-                info.subresource.as_str(),
+                &*info.subresource,
                 "proxy" | "exec" | "attach" | "log" | "portforward"
             );
         Served {

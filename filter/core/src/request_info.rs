@@ -32,25 +32,48 @@ use std::borrow::Cow;
 use std::fmt;
 
 /// What kube-apiserver's RequestInfo says about a request. Field names follow upstream.
+///
+/// Borrowed from the request target: a path without escapes (every path a client sends in
+/// practice) is parsed without one allocation per field; a path with escapes is decoded into
+/// an owned copy, and so are its fields ([`RequestInfo::into_owned`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RequestInfo {
+pub struct RequestInfo<'a> {
     pub is_resource_request: bool,
     /// The percent-decoded path, as Go's `URL.Path`.
-    pub path: String,
+    pub path: Cow<'a, str>,
     /// Nearly always one of the verbs kube-apiserver names, which need no allocation.
     pub verb: Cow<'static, str>,
     /// `api` or `apis` (or empty).
     pub api_prefix: &'static str,
-    pub api_group: String,
-    pub api_version: String,
-    pub namespace: String,
-    pub resource: String,
-    pub subresource: String,
-    pub name: String,
-    pub parts: Vec<String>,
+    pub api_group: Cow<'a, str>,
+    pub api_version: Cow<'a, str>,
+    pub namespace: Cow<'a, str>,
+    pub resource: Cow<'a, str>,
+    pub subresource: Cow<'a, str>,
+    /// From the path, or decoded from a `fieldSelector` in the query.
+    pub name: Cow<'a, str>,
+    pub parts: Vec<Cow<'a, str>>,
 }
 
-impl RequestInfo {
+impl RequestInfo<'_> {
+    /// The same, owning every string: for a path that had to be decoded first.
+    pub fn into_owned(self) -> RequestInfo<'static> {
+        let own = |s: Cow<'_, str>| Cow::Owned(s.into_owned());
+        RequestInfo {
+            is_resource_request: self.is_resource_request,
+            path: own(self.path),
+            verb: self.verb,
+            api_prefix: self.api_prefix,
+            api_group: own(self.api_group),
+            api_version: own(self.api_version),
+            namespace: own(self.namespace),
+            resource: own(self.resource),
+            subresource: own(self.subresource),
+            name: own(self.name),
+            parts: self.parts.into_iter().map(own).collect(),
+        }
+    }
+
     /// kube-apiserver's long-running check (`BasicLongRunningRequestCheck` with the verbs
     /// `watch`, `proxy` and the subresources `attach`, `exec`, `proxy`, `log`, `portforward`):
     /// these stream for as long as they last and get no request timeout; everything else is
@@ -59,7 +82,7 @@ impl RequestInfo {
         matches!(&*self.verb, "watch" | "proxy")
             || (self.is_resource_request
                 && matches!(
-                    self.subresource.as_str(),
+                    &*self.subresource,
                     "attach" | "exec" | "proxy" | "log" | "portforward"
                 ))
     }
@@ -105,22 +128,36 @@ const SPECIAL_VERBS_NO_SUBRESOURCES: [&str; 1] = ["proxy"];
 const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
 
 /// `method` is the HTTP method, `path_and_query` Envoy's `:path`.
-pub fn parse(method: &str, path_and_query: &str) -> Result<RequestInfo, RequestInfoError> {
+pub fn parse<'a>(
+    method: &str,
+    path_and_query: &'a str,
+) -> Result<RequestInfo<'a>, RequestInfoError> {
     let (raw_path, raw_query) = split_request_target(path_and_query)?;
-    let path = percent_decode(raw_path, false)
-        .ok_or(RequestInfoError::InvalidEscape)?
-        .into_owned();
-    let mut info = RequestInfo::default();
-    fill(&mut info, method, &path, raw_query)?;
-    info.path = path;
+    match percent_decode(raw_path, false).ok_or(RequestInfoError::InvalidEscape)? {
+        Cow::Borrowed(path) => parse_decoded(method, path, raw_query),
+        Cow::Owned(path) => parse_decoded(method, &path, raw_query).map(RequestInfo::into_owned),
+    }
+}
+
+/// `NewRequestInfo` on the decoded path, borrowing from it.
+fn parse_decoded<'a>(
+    method: &str,
+    path: &'a str,
+    raw_query: &str,
+) -> Result<RequestInfo<'a>, RequestInfoError> {
+    let mut info = RequestInfo {
+        path: Cow::Borrowed(path),
+        ..RequestInfo::default()
+    };
+    fill(&mut info, method, path, raw_query)?;
     Ok(info)
 }
 
-/// `NewRequestInfo` minus `Path`, which the caller moves in afterwards.
-fn fill(
-    info: &mut RequestInfo,
+/// `NewRequestInfo` minus `Path`, which the caller set.
+fn fill<'a>(
+    info: &mut RequestInfo<'a>,
     method: &str,
-    path: &str,
+    path: &'a str,
     raw_query: &str,
 ) -> Result<(), RequestInfoError> {
     // Start with a non-resource request until proven otherwise.
@@ -148,7 +185,7 @@ fn fill(
         let Some((&group, rest)) = current.split_first() else {
             return Ok(());
         };
-        info.api_group = group.to_owned();
+        info.api_group = Cow::Borrowed(group);
         current = rest;
     }
 
@@ -156,7 +193,7 @@ fn fill(
     let Some((&version, rest)) = current.split_first() else {
         return Ok(());
     };
-    info.api_version = version.to_owned();
+    info.api_version = Cow::Borrowed(version);
     current = rest;
 
     // Input of the form /{specialVerb}/*
@@ -177,7 +214,7 @@ fn fill(
     // URL forms: /namespaces/{namespace}/{kind}/*, where parts are adjusted to be relative to kind.
     if current.first() == Some(&"namespaces") {
         if let Some(&namespace) = current.get(1) {
-            info.namespace = namespace.to_owned();
+            info.namespace = Cow::Borrowed(namespace);
             // Another step after the namespace name that is not a namespace subresource is a
             // resource in its own right.
             if let Some(next) = current.get(2) {
@@ -187,22 +224,22 @@ fn fill(
             }
         }
     } else {
-        info.namespace.clear();
+        info.namespace = Cow::Borrowed("");
     }
 
-    info.parts = current.iter().map(|part| (*part).to_owned()).collect();
+    info.parts = current.iter().map(|&part| Cow::Borrowed(part)).collect();
 
     // Parts look like: resource/resourceName/subresource/other/stuff/we/don't/interpret
     if !SPECIAL_VERBS_NO_SUBRESOURCES.contains(&&*info.verb) {
         if let Some(&subresource) = current.get(2) {
-            info.subresource = subresource.to_owned();
+            info.subresource = Cow::Borrowed(subresource);
         }
     }
     if let Some(&name) = current.get(1) {
-        info.name = name.to_owned();
+        info.name = Cow::Borrowed(name);
     }
     if let Some(&resource) = current.first() {
-        info.resource = resource.to_owned();
+        info.resource = Cow::Borrowed(resource);
     }
 
     // No name on a get: the actual verb is list or watch.
@@ -210,7 +247,7 @@ fn fill(
         let (watch, name) = ListQuery::parse(raw_query).watch_and_name();
         info.verb = Cow::Borrowed(if watch { "watch" } else { "list" });
         if let Some(name) = name {
-            info.name = name;
+            info.name = Cow::Owned(name);
         }
     }
     // No name on a delete: the actual verb is deletecollection.
@@ -953,22 +990,33 @@ mod tests {
     use super::RequestInfoError::{InvalidEscape, InvalidRequestTarget, MissingResourceAfterVerb};
     use super::*;
 
-    fn non(path: &str, verb: &str) -> RequestInfo {
+    /// An expected value: owned, so that it outlives the test's strings.
+    fn own(s: &str) -> Cow<'static, str> {
+        Cow::Owned(s.to_string())
+    }
+
+    fn non(path: &str, verb: &str) -> RequestInfo<'static> {
         RequestInfo {
-            path: path.into(),
+            path: own(path),
             verb: Cow::Owned(verb.into()),
             ..Default::default()
         }
     }
 
-    fn res(path: &str, verb: &str, prefix: &str, group: &str, version: &str) -> RequestInfo {
+    fn res(
+        path: &str,
+        verb: &str,
+        prefix: &str,
+        group: &str,
+        version: &str,
+    ) -> RequestInfo<'static> {
         RequestInfo {
             is_resource_request: true,
-            path: path.into(),
+            path: own(path),
             verb: Cow::Owned(verb.into()),
             api_prefix: static_prefix(prefix),
-            api_group: group.into(),
-            api_version: version.into(),
+            api_group: own(group),
+            api_version: own(version),
             ..Default::default()
         }
     }
@@ -982,7 +1030,7 @@ mod tests {
     }
 
     /// Core v1 shorthand.
-    fn core(path: &str, verb: &str) -> RequestInfo {
+    fn core(path: &str, verb: &str) -> RequestInfo<'static> {
         res(path, verb, "api", "", "v1")
     }
 
@@ -996,32 +1044,32 @@ mod tests {
         fn rest(self, v: &[&str]) -> Self;
     }
 
-    impl With for RequestInfo {
+    impl With for RequestInfo<'static> {
         fn prefix(mut self, v: &str) -> Self {
             self.api_prefix = static_prefix(v);
             self
         }
         fn ns(mut self, v: &str) -> Self {
-            self.namespace = v.into();
+            self.namespace = own(v);
             self
         }
         fn resource(mut self, v: &str) -> Self {
-            self.resource = v.into();
+            self.resource = own(v);
             self
         }
         fn name(mut self, v: &str) -> Self {
-            self.name = v.into();
+            self.name = own(v);
             self
         }
         fn parts(mut self, v: &[&str]) -> Self {
-            self.parts = v.iter().map(|s| s.to_string()).collect();
+            self.parts = v.iter().map(|s| own(s)).collect();
             self
         }
         fn rest(self, v: &[&str]) -> Self {
             let mut out = self.parts(v);
-            out.resource = v.first().map(|s| s.to_string()).unwrap_or_default();
-            out.name = v.get(1).map(|s| s.to_string()).unwrap_or_default();
-            out.subresource = v.get(2).map(|s| s.to_string()).unwrap_or_default();
+            out.resource = own(v.first().copied().unwrap_or_default());
+            out.name = own(v.get(1).copied().unwrap_or_default());
+            out.subresource = own(v.get(2).copied().unwrap_or_default());
             out
         }
     }
@@ -1029,13 +1077,13 @@ mod tests {
     struct Case {
         method: &'static str,
         target: String,
-        want: Result<RequestInfo, RequestInfoError>,
+        want: Result<RequestInfo<'static>, RequestInfoError>,
     }
 
     fn case(
         method: &'static str,
         target: &str,
-        want: Result<RequestInfo, RequestInfoError>,
+        want: Result<RequestInfo<'static>, RequestInfoError>,
     ) -> Case {
         Case {
             method,
@@ -1572,18 +1620,46 @@ mod tests {
         );
     }
 
+    /// A path without escapes is parsed without copying it or its fields (the request path's
+    /// allocations, issue 20's counted cost); a path with escapes owns its decoded copy, and the
+    /// same fields come out of both.
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn borrows_from_a_path_without_escapes() {
+        let plain = parse("GET", "/apis/apps/v1/namespaces/ns/deployments/web/scale").unwrap();
+        let escaped = parse("GET", "/apis/apps/v1/namespaces/ns/deployments/w%65b/scale").unwrap();
+        assert_eq!(plain, escaped);
+        fn all(info: &RequestInfo<'_>, borrowed: bool) -> bool {
+            let fields = [
+                &info.path,
+                &info.api_group,
+                &info.api_version,
+                &info.namespace,
+                &info.resource,
+                &info.subresource,
+                &info.name,
+            ];
+            fields
+                .into_iter()
+                .chain(&info.parts)
+                .all(|f| matches!(f, Cow::Borrowed(_)) == borrowed)
+        }
+        assert!(all(&plain, true), "{plain:?}");
+        assert!(all(&escaped, false), "{escaped:?}");
+    }
+
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn long_hostile_query() {
-        let query = format!("watch=1&{}", "fieldSelector=%zz&".repeat(700));
-        let got = parse("GET", &format!("/api/v1/pods?{query}")).unwrap();
+        let target = format!("/api/v1/pods?watch=1&{}", "fieldSelector=%zz&".repeat(700));
+        let got = parse("GET", &target).unwrap();
         assert_eq!(got.verb, "watch");
-        let query = format!(
-            "labelSelector={}&fieldSelector=metadata.name%3Dx",
+        let target = format!(
+            "/api/v1/pods?labelSelector={}&fieldSelector=metadata.name%3Dx",
             "(".repeat(8192)
         );
-        let got = parse("GET", &format!("/api/v1/pods?{query}")).unwrap();
-        assert_eq!((&*got.verb, got.name.as_str()), ("list", ""));
+        let got = parse("GET", &target).unwrap();
+        assert_eq!((&*got.verb, &*got.name), ("list", ""));
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]

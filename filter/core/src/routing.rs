@@ -186,7 +186,11 @@ impl RoutingTable {
     /// Parse the request like kube-apiserver and decide. Paths longer than
     /// [`MAX_ROUTED_PATH`] are not parsed: they go to the local apiserver, which answers them
     /// as it would without us.
-    pub fn route(&self, method: &str, path_and_query: &str) -> (Option<RequestInfo>, Decision<'_>) {
+    pub fn route<'p>(
+        &self,
+        method: &str,
+        path_and_query: &'p str,
+    ) -> (Option<RequestInfo<'p>>, Decision<'_>) {
         if path_and_query.len() > MAX_ROUTED_PATH {
             return (None, Decision::local(Reason::Unparseable));
         }
@@ -199,7 +203,7 @@ impl RoutingTable {
         }
     }
 
-    pub fn decide(&self, info: &RequestInfo) -> Decision<'_> {
+    pub fn decide(&self, info: &RequestInfo<'_>) -> Decision<'_> {
         if !info.is_resource_request {
             if is_node_local(&info.path) {
                 return Decision::local(Reason::NonResourceRequest);
@@ -208,8 +212,8 @@ impl RoutingTable {
         }
         let Some(gv) = self
             .groups
-            .get(info.api_group.as_str())
-            .and_then(|versions| versions.get(info.api_version.as_str()))
+            .get(&*info.api_group)
+            .and_then(|versions| versions.get(&*info.api_version))
         else {
             return self.served_by_nobody();
         };
@@ -219,7 +223,7 @@ impl RoutingTable {
             }
             GroupVersionEntry::Resources(resources) => resources,
         };
-        let Some(resource) = resources.get(info.resource.as_str()) else {
+        let Some(resource) = resources.get(&*info.resource) else {
             return self.served_by_nobody();
         };
         // The subresource decides first: core/v1 grows by subresources (`pods/resize`), which
@@ -227,7 +231,7 @@ impl RoutingTable {
         if !info.subresource.is_empty() {
             if let Some(decision) = resource
                 .subresources
-                .get(info.subresource.as_str())
+                .get(&*info.subresource)
                 .and_then(|served| self.target(*served))
             {
                 return decision;
