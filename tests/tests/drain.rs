@@ -246,9 +246,10 @@ impl Tally {
         )
     }
 
-    /// Every request sent got its complete, expected answer.
-    fn nothing_cut(&self) -> bool {
-        self.failed.is_empty() && self.reset_unread.is_empty()
+    /// With the ports open throughout: every request sent got its complete, expected answer,
+    /// and no connection was turned away.
+    fn all_served(&self) -> bool {
+        self.failed.is_empty() && self.reset_unread.is_empty() && self.refused.is_empty()
     }
 }
 
@@ -305,11 +306,12 @@ fn is_turned_away(e: &std::io::Error) -> bool {
     is_refused(e) || e.kind() == std::io::ErrorKind::ConnectionReset
 }
 
-/// A client's TCP connection that counts the bytes the server sent on it. A connection reset
-/// before the server sent a byte was never accepted by Envoy: Envoy writes its HTTP/2 SETTINGS
-/// as soon as it reads the preface, answers an HTTP/1.1 request before anything else, and
-/// leaves the connections it accepted open when its ports close. It was reset by the kernel,
-/// queued on the listening socket Envoy closed: turned away, like a refused connection.
+/// A client's TCP connection that counts the bytes the client read from the server on it. A
+/// connection reset before the client read a byte was never accepted by Envoy: Envoy writes its
+/// HTTP/2 SETTINGS as soon as it reads the preface, answers an HTTP/1.1 request before anything
+/// else, and leaves the connections it accepted open when its ports close. It was reset by the
+/// kernel, queued on the listening socket Envoy closed: turned away, like a refused connection.
+/// (The clients read before they fail on a write, so bytes Envoy sent are read first.)
 struct CountingStream {
     tcp: TcpStream,
     read: Arc<AtomicU64>,
@@ -408,7 +410,7 @@ async fn h1_loop(address: String, load: Load, until: Instant, max: u64) -> Tally
                 .expect("a request");
             let resp = match sender.send_request(request).await {
                 Ok(resp) => resp,
-                Err(_) if server_sent.load(Ordering::Relaxed) == 0 => {
+                Err(e) if is_reset_by(&e) && server_sent.load(Ordering::Relaxed) == 0 => {
                     tally.reset_unread.push((Instant::now(), n));
                     continue 'connections;
                 }
@@ -544,7 +546,8 @@ async fn h2_loop(
                     continue 'connections;
                 }
                 Err(e) => {
-                    // Once per cut request: the connection is gone, the next request gets a new one.
+                    // Counted once: the next request goes on a new connection, whether this one
+                    // is gone or only the stream was reset.
                     tally.failed.push(format!("request {n}: {e}"));
                     continue 'connections;
                 }
@@ -553,6 +556,21 @@ async fn h2_loop(
         break;
     }
     tally
+}
+
+/// An HTTP/1.1 request's failure by a TCP reset (not a clean close, nor anything else).
+fn is_reset_by(e: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            );
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// An HTTP/2 connection's end by a TCP reset.
@@ -705,6 +723,9 @@ async fn probe_readyz(address: String, until: Instant) -> Vec<(Instant, String)>
 /// HTTP/1.1 answer, HTTP/2's SETTINGS) is a cut request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_before_the_server_sent_a_byte_is_turned_away_and_after_it_cut() -> Result<()> {
+    // The clients reconnect to ports this test frees: no other Envoy or apiserver of this
+    // file may take one meanwhile.
+    let _serial = SERIAL.lock().await;
     for http2 in [false, true] {
         let (load, name) = (Load::FastGet, if http2 { "HTTP/2" } else { "HTTP/1.1" });
         let client = |address: String, until: Instant| {
@@ -1030,7 +1051,7 @@ async fn the_goaway_chance_moves_clients_and_never_ends_a_watch() -> Result<()> 
         )
     };
     ensure!(
-        h2.nothing_cut() && h1.nothing_cut(),
+        h2.all_served() && h1.all_served(),
         "requests failed:\n{}",
         context()
     );
@@ -1103,7 +1124,7 @@ async fn no_goaway_without_a_chance_and_every_connection_when_switched() -> Resu
     let h2 = h2_loop(node.address.clone(), Load::FastGet, far, 500, None).await;
     let h1 = h1_loop(node.address.clone(), Load::FastGet, far, 300).await;
     ensure!(
-        h2.nothing_cut() && h1.nothing_cut() && h2.ok == 500 && h1.ok == 300,
+        h2.all_served() && h1.all_served() && h2.ok == 500 && h1.ok == 300,
         "HTTP/2: {}\nHTTP/1.1: {}",
         h2.summary(start),
         h1.summary(start)
@@ -1137,7 +1158,7 @@ async fn no_goaway_without_a_chance_and_every_connection_when_switched() -> Resu
     wait_for_pressure(100).await?;
     let every = h2_loop(node.address.clone(), Load::FastGet, far, 20, None).await;
     ensure!(
-        every.nothing_cut() && every.ok == 20 && every.told_to_reconnect.len() >= 19,
+        every.all_served() && every.ok == 20 && every.told_to_reconnect.len() >= 19,
         "every connection: {}",
         every.summary(start)
     );
@@ -1149,7 +1170,7 @@ async fn no_goaway_without_a_chance_and_every_connection_when_switched() -> Resu
     wait_for_pressure(0).await?;
     let after = h2_loop(node.address.clone(), Load::FastGet, far, 200, None).await;
     ensure!(
-        after.nothing_cut() && after.ok == 200 && after.told_to_reconnect.is_empty(),
+        after.all_served() && after.ok == 200 && after.told_to_reconnect.is_empty(),
         "back to the chance: {}",
         after.summary(start)
     );

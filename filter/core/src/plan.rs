@@ -599,8 +599,8 @@ fn unavailable<'a>(
 
 /// What a resource request asked for, as kube names it in messages
 /// (`resource.k8s.io/v1beta2, Resource=resourceclaims`, [`Display`](fmt::Display)). Its strings
-/// are copied out of the request's [`RequestInfo`], which borrows from the request; the text is
-/// formatted only for a message.
+/// are copied (or, for a path that had escapes, moved) out of the request's [`RequestInfo`]; the
+/// text is formatted only for a message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Target {
     pub group_version: GroupVersion,

@@ -135,7 +135,17 @@ pub fn parse<'a>(
     let (raw_path, raw_query) = split_request_target(path_and_query)?;
     match percent_decode(raw_path, false).ok_or(RequestInfoError::InvalidEscape)? {
         Cow::Borrowed(path) => parse_decoded(method, path, raw_query),
-        Cow::Owned(path) => parse_decoded(method, &path, raw_query).map(RequestInfo::into_owned),
+        Cow::Owned(path) => {
+            let info = parse_decoded(method, &path, raw_query)?;
+            // The decoded copy becomes the path; only the fields are copied out of it.
+            let mut owned = RequestInfo {
+                path: Cow::Borrowed(""),
+                ..info
+            }
+            .into_owned();
+            owned.path = Cow::Owned(path);
+            Ok(owned)
+        }
     }
 }
 
