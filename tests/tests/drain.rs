@@ -246,6 +246,23 @@ impl Tally {
         )
     }
 
+    /// Request `n` failed with `error`: turned away (reset unread) if a TCP reset (`reset`)
+    /// ended a connection the server never sent a byte on (see [`CountingStream`]), cut
+    /// otherwise.
+    fn request_failed(
+        &mut self,
+        n: u64,
+        reset: bool,
+        server_sent: &AtomicU64,
+        error: impl std::fmt::Display,
+    ) {
+        if reset && server_sent.load(Ordering::Relaxed) == 0 {
+            self.reset_unread.push((Instant::now(), n));
+        } else {
+            self.failed.push(format!("request {n}: {error}"));
+        }
+    }
+
     /// With the ports open throughout: every request sent got its complete, expected answer,
     /// and no connection was turned away.
     fn all_served(&self) -> bool {
@@ -410,12 +427,8 @@ async fn h1_loop(address: String, load: Load, until: Instant, max: u64) -> Tally
                 .expect("a request");
             let resp = match sender.send_request(request).await {
                 Ok(resp) => resp,
-                Err(e) if is_reset_by(&e) && server_sent.load(Ordering::Relaxed) == 0 => {
-                    tally.reset_unread.push((Instant::now(), n));
-                    continue 'connections;
-                }
                 Err(e) => {
-                    tally.failed.push(format!("request {n}: {e}"));
+                    tally.request_failed(n, is_reset_by(&e), &server_sent, e);
                     continue 'connections;
                 }
             };
@@ -521,12 +534,8 @@ async fn h2_loop(
                     tally.told_to_reconnect.push(Instant::now());
                     continue 'connections;
                 }
-                Err(e) if is_reset(&e) && server_sent.load(Ordering::Relaxed) == 0 => {
-                    tally.reset_unread.push((Instant::now(), n));
-                    continue 'connections;
-                }
                 Err(e) => {
-                    tally.failed.push(format!("request {n}: {e}"));
+                    tally.request_failed(n, is_reset(&e), &server_sent, e);
                     continue 'connections;
                 }
             };
@@ -541,14 +550,10 @@ async fn h2_loop(
                 Ok((status, body)) => tally
                     .failed
                     .push(format!("request {n}: status {status}: {body}")),
-                Err(e) if is_reset(&e) && server_sent.load(Ordering::Relaxed) == 0 => {
-                    tally.reset_unread.push((Instant::now(), n));
-                    continue 'connections;
-                }
                 Err(e) => {
                     // Counted once: the next request goes on a new connection, whether this one
                     // is gone or only the stream was reset.
-                    tally.failed.push(format!("request {n}: {e}"));
+                    tally.request_failed(n, is_reset(&e), &server_sent, e);
                     continue 'connections;
                 }
             }

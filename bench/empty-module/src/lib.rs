@@ -163,6 +163,11 @@ mod design_floor {
     const RESPONSE: c_int = 2;
     /// As the native filter: Envoy's views of up to this many headers go on the stack.
     const SMALL_HEADER_COUNT: usize = 64;
+    /// A view for Envoy to fill in.
+    const UNSET: EnvoyBuffer = EnvoyBuffer {
+        ptr: std::ptr::null(),
+        length: 0,
+    };
 
     extern "C" {
         fn envoy_dynamic_module_callback_http_get_headers_size(filter: Ptr, map: c_int) -> usize;
@@ -200,14 +205,8 @@ mod design_floor {
         if count <= SMALL_HEADER_COUNT {
             let mut views = [const {
                 EnvoyHeader {
-                    key: EnvoyBuffer {
-                        ptr: std::ptr::null(),
-                        length: 0,
-                    },
-                    value: EnvoyBuffer {
-                        ptr: std::ptr::null(),
-                        length: 0,
-                    },
+                    key: UNSET,
+                    value: UNSET,
                 }
             }; SMALL_HEADER_COUNT];
             // SAFETY: `views` has room for `count` headers, the number Envoy just gave.
@@ -239,10 +238,7 @@ mod design_floor {
         _: Ptr,
         _: bool,
     ) -> c_int {
-        let mut value = EnvoyBuffer {
-            ptr: std::ptr::null(),
-            length: 0,
-        };
+        let mut value = UNSET;
         let mut count = 0;
         // SAFETY: `filter` is the stream's filter; the name is static; `value` and `count` are
         // this frame's, written by Envoy before it returns.
