@@ -9,7 +9,7 @@
 # and gets: ok / not_ok / note / elapsed, the EXIT trap (collects the containers' output into
 # $logs/compose.log, tears everything down, prints `test result: ...` and `N passed, M failed`),
 # compose, wait_until, prepare (image, binaries, PKI, kubeconfig with a context per node),
-# bring_up (the containers; sets etcd_c n1 n2 n3 client), cid, kc.
+# bring_up (the containers; sets etcd_c n1 n2 n3 client), cid, kc, check_data_plane.
 
 root=$PWD
 t0=$(date +%s)
@@ -104,6 +104,26 @@ YAML
 }
 
 cid() { compose ps -q "$1"; }
+
+# Every node's Envoy runs the data plane the driver asked for: the filter it took from its
+# control plane (the ECDS resource in Envoy's configuration dump, read on its admin socket) is
+# that data plane's type, and only that one.
+check_data_plane() {
+  local want n got bad=
+  case $data_plane in
+    wasm) want=type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm ;;
+    native) want=type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter ;;
+  esac
+  for n in 1 2 3; do
+    got=$(docker exec "$(cid "node-$n")" curl -sS -m 10 --unix-socket /run/skewgate/envoy-admin.sock \
+            http://envoy/config_dump \
+          | jq -r '[.configs[] | select(."@type" | endswith(".EcdsConfigDump")) | .ecds_filters[]
+                    | .ecds_filter.typed_config."@type"] | unique | join(",")' 2>&1) || true
+    [ "$got" = "$want" ] || bad+=" node-$n: ${got:-no ECDS filter};"
+  done
+  if [ -z "$bad" ]; then ok "every node's Envoy runs the $data_plane data plane (its ECDS filter is ${want##*.})"
+  else not_ok "every node's Envoy runs the $data_plane data plane (${want##*.})" "$bad"; fi
+}
 kc() { docker exec "$client" kubectl --request-timeout=40s "$@"; }
 
 bring_up() {
