@@ -8,7 +8,8 @@
 //! not re-pushed, and Envoy keeps routing with the previous one; (d) the server stops and
 //! restarts at the same socket (the dead server's socket file replaced) while traffic flows: no gap, and the reconnecting Envoy is
 //! resynced from the versions it reports; (e) the restarted server pushes the next change
-//! (the peer leaves: its cluster is removed after the configuration that no longer names it).
+//! (the peer leaves: its cluster is removed after the configuration that no longer names it,
+//! and only after the linger, for requests routed there before that still retry).
 //!
 //! And skewgate's own version skew: one control plane, three Envoys whose bootstraps advertise
 //! this release's filter dialect, nothing (the previous release), and only a later schema
@@ -57,6 +58,9 @@ fn init_logs() {
         .try_init();
 }
 
+/// How long a removed cluster stays here: short, so that (e) sees it stay and then go.
+const LINGER: Duration = Duration::from_secs(3);
+
 /// The xDS server of `skewgate_control::xds`, in this process.
 struct XdsServer {
     socket: std::path::PathBuf,
@@ -72,9 +76,19 @@ impl XdsServer {
     ) -> Result<Self> {
         let listener = local_channels::bind_unix(socket)?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(xds::serve(listener, snapshots, metrics, None, async move {
-            let _ = stopped.await;
-        }));
+        let options = xds::ServeOptions {
+            acknowledged_dir: None,
+            cluster_linger: LINGER,
+        };
+        let task = tokio::spawn(xds::serve(
+            listener,
+            snapshots,
+            metrics,
+            options,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         Ok(XdsServer {
             socket: socket.to_path_buf(),
             stop: Some(stop),
@@ -386,6 +400,12 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
     eprintln!(
         "(e) after restart, publish -> peer-only GVR goes local (404 from apiserver-a): {took:?}"
     );
+    // Envoy routes with the new configuration; the cluster it no longer names lingers.
+    let routed_local = Instant::now();
+    assert!(
+        envoy.admin("/clusters").await?.contains(&peer_cluster),
+        "{peer_cluster} lingers"
+    );
     wait_until(
         "the peer cluster is removed",
         Duration::from_secs(20),
@@ -399,6 +419,14 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Its time starts when Envoy acknowledges the configuration, about when it first routes
+    // with it.
+    let lingered = routed_local.elapsed();
+    eprintln!("(e) {peer_cluster} was removed {lingered:?} after Envoy routed without it");
+    assert!(
+        lingered + Duration::from_millis(500) >= LINGER,
+        "{peer_cluster} went after {lingered:?}, before the linger ({LINGER:?})"
+    );
     assert_eq!((metrics2.responses(ECDS), metrics2.responses(CDS)), (1, 1));
     assert_eq!(metrics2.nacks(ECDS) + metrics2.nacks(CDS), 0);
     assert_eq!(get(&envoy, DEPLOYMENTS).await?, (200, "apiserver-a".into()));

@@ -196,7 +196,10 @@ async fn run_async(config: RunConfig) -> Result<()> {
         xds_listener,
         snapshots,
         metrics.xds.clone(),
-        config.state_dir.clone(),
+        xds::ServeOptions {
+            acknowledged_dir: config.state_dir.clone(),
+            ..xds::ServeOptions::default()
+        },
         wait_true(shutdown_rx.clone()),
     ));
     let orchestrator = Orchestrator::new(

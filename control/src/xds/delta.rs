@@ -1,4 +1,5 @@
-//! Delta xDS bookkeeping for one ADS stream, as a pure state machine (no I/O, no clock).
+//! Delta xDS bookkeeping for one ADS stream, as a pure state machine (no I/O; the time is an
+//! argument).
 //!
 //! Per type URL the stream tracks what the client subscribes to (wildcard and/or names), what
 //! it holds (name → version: its `initial_resource_versions` on (re)connect, then every
@@ -15,6 +16,11 @@
 //!   snapshot was acknowledged (or refused), and a cluster is removed only once the client
 //!   holds the snapshot's filter configuration. After a refused filter configuration the
 //!   client keeps routing with its previous one, so the clusters that one names stay;
+//! - and not at once even then: a removed cluster lingers ([`DeltaStream::with_cluster_linger`])
+//!   for as long as a request routed to it by the previous filter configuration may still retry
+//!   there. Envoy looks the cluster up again for every retry, and a request whose first attempt
+//!   fails after its cluster is gone gets `no_healthy_upstream` (a 503), though a live
+//!   apiserver could have served it;
 //! - a snapshot whose filter configuration is withheld from this client (its filter cannot
 //!   read it: [`Snapshot::filter_withheld`]) sends no filter configuration and removes none:
 //!   the client keeps the one it holds (or its bootstrap's), and so every cluster it has.
@@ -24,6 +30,7 @@
 //! names subscribe by name (ECDS). Unsubscribed names are forgotten (the client drops them).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
@@ -67,6 +74,9 @@ struct TypeState {
     /// Versions the client refused: name → version.
     rejected: BTreeMap<String, String>,
     in_flight: Option<InFlight>,
+    /// Held names the snapshot no longer has, since when they may go (the client holds a
+    /// filter configuration that no longer names them): clusters linger before removal.
+    unreferenced: BTreeMap<String, Instant>,
 }
 
 impl TypeState {
@@ -98,6 +108,25 @@ impl TypeState {
             .collect()
     }
 
+    /// The held names the snapshot no longer has that have been unreferenced for `linger`
+    /// by `now`; the others start or keep their time.
+    fn due_removals(
+        &mut self,
+        resources: &BTreeMap<String, Versioned>,
+        now: Instant,
+        linger: Duration,
+    ) -> Vec<String> {
+        let gone: BTreeSet<String> = self.removals(resources).into_iter().collect();
+        // A name the snapshot has again, or the client no longer holds, starts afresh.
+        self.unreferenced.retain(|name, _| gone.contains(name));
+        gone.into_iter()
+            .filter(|name| {
+                let since = *self.unreferenced.entry(name.clone()).or_insert(now);
+                now.saturating_duration_since(since) >= linger
+            })
+            .collect()
+    }
+
     /// The client holds exactly the snapshot's resources of this type.
     fn in_sync(&self, resources: &BTreeMap<String, Versioned>) -> bool {
         self.in_flight.is_none()
@@ -115,6 +144,7 @@ pub struct DeltaStream {
     nonce_prefix: String,
     next_nonce: u64,
     types: BTreeMap<String, TypeState>,
+    cluster_linger: Duration,
 }
 
 impl DeltaStream {
@@ -125,7 +155,23 @@ impl DeltaStream {
             nonce_prefix: nonce_prefix.into(),
             next_nonce: 1,
             types: BTreeMap::new(),
+            cluster_linger: Duration::ZERO,
         }
+    }
+
+    /// A cluster no longer in the snapshot is removed only `linger` after the client holds a
+    /// filter configuration that no longer names it (none: at once).
+    pub fn with_cluster_linger(mut self, linger: Duration) -> Self {
+        self.cluster_linger = linger;
+        self
+    }
+
+    /// When the next lingering cluster's removal falls due, if one waits: the caller asks
+    /// [`next_response`](Self::next_response) again then.
+    pub fn next_removal(&self) -> Option<Instant> {
+        let cds = self.types.get(CLUSTER_TYPE_URL)?;
+        let since = cds.unreferenced.values().min()?;
+        Some(*since + self.cluster_linger)
     }
 
     /// What the client holds of `type_url` (name → version), as far as this stream knows.
@@ -180,6 +226,7 @@ impl DeltaStream {
                             state.held.extend(in_flight.updated);
                             for name in &in_flight.removed {
                                 state.held.remove(name);
+                                state.unreferenced.remove(name);
                             }
                             Received::Ack
                         }
@@ -207,31 +254,40 @@ impl DeltaStream {
         received
     }
 
-    /// The next response due for `snapshot`, if any. Call until it returns `None` after every
-    /// request and every snapshot change. With no snapshot (no complete sync yet) nothing is
-    /// ever due: Envoy keeps waiting (and its listener stays closed).
-    pub fn next_response(&mut self, snapshot: Option<&Snapshot>) -> Option<DeltaDiscoveryResponse> {
+    /// The next response due at `now` for `snapshot`, if any. Call until it returns `None`
+    /// after every request, every snapshot change and at [`next_removal`](Self::next_removal).
+    /// With no snapshot (no complete sync yet) nothing is ever due: Envoy keeps waiting (and
+    /// its listener stays closed).
+    pub fn next_response(
+        &mut self,
+        now: Instant,
+        snapshot: Option<&Snapshot>,
+    ) -> Option<DeltaDiscoveryResponse> {
         let snapshot = snapshot?;
         let clusters = &snapshot.clusters;
         let filters = &snapshot.extension_configs;
 
         // Clusters first: additions and changes now, removals once the client holds a filter
-        // configuration that no longer names them.
-        if let Some(cds) = self.types.get(CLUSTER_TYPE_URL) {
+        // configuration that no longer names them, and has held it for the linger.
+        let filters_settled = !snapshot.filter_withheld
+            && self
+                .types
+                .get(EXTENSION_CONFIG_TYPE_URL)
+                .is_none_or(|ecds| ecds.in_sync(filters));
+        let linger = self.cluster_linger;
+        if let Some(cds) = self.types.get_mut(CLUSTER_TYPE_URL) {
             if cds.in_flight.is_none() {
-                let upserts = cds.upserts(clusters);
-                let filters_settled = !snapshot.filter_withheld
-                    && self
-                        .types
-                        .get(EXTENSION_CONFIG_TYPE_URL)
-                        .is_none_or(|ecds| ecds.in_sync(filters));
+                let upserts = owned(cds.upserts(clusters));
                 let removals = if filters_settled {
-                    cds.removals(clusters)
+                    cds.due_removals(clusters, now, linger)
                 } else {
+                    // No time starts while the client may hold a configuration that names the
+                    // cluster; one back in the snapshot loses its time.
+                    cds.unreferenced
+                        .retain(|name, _| !clusters.contains_key(name));
                     Vec::new()
                 };
                 if !upserts.is_empty() || !removals.is_empty() {
-                    let upserts = owned(upserts);
                     return Some(self.respond(CLUSTER_TYPE_URL, snapshot, upserts, removals));
                 }
             }
@@ -320,6 +376,12 @@ mod tests {
     const CDS: &str = CLUSTER_TYPE_URL;
     const ECDS: &str = EXTENSION_CONFIG_TYPE_URL;
 
+    /// One fixed instant for every test: without a linger the time does not matter.
+    fn t0() -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *T0.get_or_init(Instant::now)
+    }
+
     /// A snapshot from (cluster name, content) and (filter name, content) pairs; the content
     /// stands in for the encoded resource.
     fn snap(clusters: &[(&str, &str)], filters: &[(&str, &str)]) -> Snapshot {
@@ -406,7 +468,7 @@ mod tests {
         let mut st = DeltaStream::new("t-");
         st.on_request(&subscribe(CDS, &[]));
         st.on_request(&subscribe(ECDS, &["skewgate"]));
-        while let Some(r) = st.next_response(Some(s)) {
+        while let Some(r) = st.next_response(t0(), Some(s)) {
             assert_eq!(st.on_request(&ack(&r)), Received::Ack);
         }
         st
@@ -420,7 +482,7 @@ mod tests {
             st.on_request(&subscribe(ECDS, &["skewgate"])),
             Received::Subscription
         );
-        assert_eq!(st.next_response(None), None);
+        assert_eq!(st.next_response(t0(), None), None);
     }
 
     #[test]
@@ -430,7 +492,7 @@ mod tests {
         st.on_request(&subscribe(CDS, &[]));
         st.on_request(&subscribe(ECDS, &["skewgate"]));
 
-        let r1 = st.next_response(Some(&s)).expect("clusters");
+        let r1 = st.next_response(t0(), Some(&s)).expect("clusters");
         assert_eq!(shape(&r1), (CDS, vec!["local", "peers-b"], vec![]));
         assert_eq!(r1.resources[0].version, version(&s, CDS, "local"));
         assert_eq!(
@@ -438,15 +500,19 @@ mod tests {
             Some(s.clusters["local"].resource.clone())
         );
         // The filter configuration waits for the clusters' ACK.
-        assert_eq!(st.next_response(Some(&s)), None);
+        assert_eq!(st.next_response(t0(), Some(&s)), None);
         assert_eq!(st.on_request(&ack(&r1)), Received::Ack);
 
-        let r2 = st.next_response(Some(&s)).expect("filter config");
+        let r2 = st.next_response(t0(), Some(&s)).expect("filter config");
         assert_eq!(shape(&r2), (ECDS, vec!["skewgate"], vec![]));
         assert_ne!(r2.nonce, r1.nonce);
-        assert_eq!(st.next_response(Some(&s)), None, "one in flight per type");
+        assert_eq!(
+            st.next_response(t0(), Some(&s)),
+            None,
+            "one in flight per type"
+        );
         assert_eq!(st.on_request(&ack(&r2)), Received::Ack);
-        assert_eq!(st.next_response(Some(&s)), None, "in sync");
+        assert_eq!(st.next_response(t0(), Some(&s)), None, "in sync");
         assert_eq!(
             st.held(ECDS).expect("ecds"),
             &BTreeMap::from([("skewgate".to_string(), version(&s, ECDS, "skewgate"))])
@@ -458,7 +524,7 @@ mod tests {
         let s = snap(&[], &[("skewgate", "f"), ("other", "o")]);
         let mut st = DeltaStream::new("t-");
         st.on_request(&subscribe(ECDS, &["skewgate"]));
-        let r = st.next_response(Some(&s)).expect("sent");
+        let r = st.next_response(t0(), Some(&s)).expect("sent");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
     }
 
@@ -467,10 +533,10 @@ mod tests {
         let s1 = snap(&[("local", "l"), ("peers-b", "b")], &[("skewgate", "f1")]);
         let mut st = synced(&s1);
         let s2 = snap(&[("local", "l"), ("peers-b", "b2")], &[("skewgate", "f1")]);
-        let r = st.next_response(Some(&s2)).expect("changed cluster");
+        let r = st.next_response(t0(), Some(&s2)).expect("changed cluster");
         assert_eq!(shape(&r), (CDS, vec!["peers-b"], vec![]));
         st.on_request(&ack(&r));
-        assert_eq!(st.next_response(Some(&s2)), None);
+        assert_eq!(st.next_response(t0(), Some(&s2)), None);
     }
 
     #[test]
@@ -480,7 +546,7 @@ mod tests {
         let good = version(&s1, ECDS, "skewgate");
 
         let s2 = snap(&[("local", "l")], &[("skewgate", "bad")]);
-        let r = st.next_response(Some(&s2)).expect("pushed once");
+        let r = st.next_response(t0(), Some(&s2)).expect("pushed once");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
         let received = st.on_request(&nack(&r, "undeclared cluster"));
         assert_eq!(
@@ -492,8 +558,8 @@ mod tests {
         );
         // No loop: the same snapshot (or an equal one) never pushes the refused version again.
         for _ in 0..3 {
-            assert_eq!(st.next_response(Some(&s2)), None);
-            assert_eq!(st.next_response(Some(&s2.clone())), None);
+            assert_eq!(st.next_response(t0(), Some(&s2)), None);
+            assert_eq!(st.next_response(t0(), Some(&s2.clone())), None);
         }
         assert_eq!(
             st.held(ECDS).expect("ecds")["skewgate"],
@@ -502,12 +568,12 @@ mod tests {
         );
 
         // Going back to the held version needs no push; a new version is pushed.
-        assert_eq!(st.next_response(Some(&s1)), None);
+        assert_eq!(st.next_response(t0(), Some(&s1)), None);
         let s3 = snap(&[("local", "l")], &[("skewgate", "fixed")]);
-        let r = st.next_response(Some(&s3)).expect("new version");
+        let r = st.next_response(t0(), Some(&s3)).expect("new version");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
         assert_eq!(st.on_request(&ack(&r)), Received::Ack);
-        assert_eq!(st.next_response(Some(&s3)), None);
+        assert_eq!(st.next_response(t0(), Some(&s3)), None);
     }
 
     #[test]
@@ -522,25 +588,82 @@ mod tests {
             &[("local", "l"), ("peers-c", "c")],
             &[("skewgate", "uses c")],
         );
-        let r = st.next_response(Some(&s2)).expect("add");
+        let r = st.next_response(t0(), Some(&s2)).expect("add");
         assert_eq!(shape(&r), (CDS, vec!["peers-c"], vec![]));
         st.on_request(&ack(&r));
-        let r = st.next_response(Some(&s2)).expect("config");
+        let r = st.next_response(t0(), Some(&s2)).expect("config");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
         assert_eq!(
-            st.next_response(Some(&s2)),
+            st.next_response(t0(), Some(&s2)),
             None,
             "b stays until the config is held"
         );
         st.on_request(&ack(&r));
-        let r = st.next_response(Some(&s2)).expect("remove");
+        let r = st.next_response(t0(), Some(&s2)).expect("remove");
         assert_eq!(shape(&r), (CDS, vec![], vec!["peers-b"]));
         st.on_request(&ack(&r));
-        assert_eq!(st.next_response(Some(&s2)), None);
+        assert_eq!(st.next_response(t0(), Some(&s2)), None);
         assert_eq!(
             st.held(CDS).expect("cds").keys().collect::<Vec<_>>(),
             vec!["local", "peers-c"]
         );
+    }
+
+    /// A request routed to b by the previous configuration may still retry there: b goes only
+    /// after the linger, counted from the moment the client holds the configuration without
+    /// it; a cluster that comes back before then stays, and loses its time.
+    #[test]
+    fn a_removed_cluster_lingers_after_the_config_that_dropped_it() {
+        let linger = Duration::from_secs(90);
+        let s1 = snap(
+            &[("local", "l"), ("peers-b", "b")],
+            &[("skewgate", "uses b")],
+        );
+        let mut st = synced(&s1).with_cluster_linger(linger);
+        assert_eq!(st.next_removal(), None);
+        let s2 = snap(&[("local", "l")], &[("skewgate", "local only")]);
+        let r = st.next_response(t0(), Some(&s2)).expect("config");
+        assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+        // Acknowledged 5 s later: b's time starts then.
+        let acked = t0() + Duration::from_secs(5);
+        st.on_request(&ack(&r));
+        assert_eq!(st.next_response(acked, Some(&s2)), None, "b lingers");
+        assert_eq!(st.next_removal(), Some(acked + linger));
+        let almost = acked + linger - Duration::from_millis(1);
+        assert_eq!(st.next_response(almost, Some(&s2)), None, "b still lingers");
+        let r = st
+            .next_response(acked + linger, Some(&s2))
+            .expect("removal");
+        assert_eq!(shape(&r), (CDS, vec![], vec!["peers-b"]));
+        st.on_request(&ack(&r));
+        assert_eq!(st.next_removal(), None);
+        assert!(!st.held(CDS).expect("cds").contains_key("peers-b"));
+
+        // c leaves, comes back within its linger, leaves again: its time starts afresh.
+        let s3 = snap(
+            &[("local", "l"), ("peers-c", "c")],
+            &[("skewgate", "uses c")],
+        );
+        let mut st = synced(&s3).with_cluster_linger(linger);
+        let s4 = snap(&[("local", "l")], &[("skewgate", "local only")]);
+        let r = st.next_response(t0(), Some(&s4)).expect("config");
+        st.on_request(&ack(&r));
+        assert_eq!(st.next_response(t0(), Some(&s4)), None);
+        let back = t0() + Duration::from_secs(60);
+        let r = st.next_response(back, Some(&s3)).expect("config naming c");
+        assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+        assert_eq!(st.next_removal(), None, "c is in the snapshot again");
+        st.on_request(&ack(&r));
+        let left = t0() + Duration::from_secs(70);
+        let r = st.next_response(left, Some(&s4)).expect("config");
+        st.on_request(&ack(&r));
+        assert_eq!(st.next_response(left, Some(&s4)), None);
+        assert_eq!(
+            st.next_response(t0() + linger, Some(&s4)),
+            None,
+            "the first departure's time no longer counts"
+        );
+        assert!(st.next_response(left + linger, Some(&s4)).is_some());
     }
 
     #[test]
@@ -551,13 +674,17 @@ mod tests {
         );
         let mut st = synced(&s1);
         let s2 = snap(&[("local", "l")], &[("skewgate", "refused")]);
-        let r = st.next_response(Some(&s2)).expect("config");
+        let r = st.next_response(t0(), Some(&s2)).expect("config");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
         assert!(matches!(
             st.on_request(&nack(&r, "no")),
             Received::Nack { .. }
         ));
-        assert_eq!(st.next_response(Some(&s2)), None, "peers-b is not removed");
+        assert_eq!(
+            st.next_response(t0(), Some(&s2)),
+            None,
+            "peers-b is not removed"
+        );
         assert!(st.held(CDS).expect("cds").contains_key("peers-b"));
     }
 
@@ -581,7 +708,7 @@ mod tests {
             &["skewgate"],
             &[("skewgate", &current(ECDS, "skewgate"))],
         ));
-        assert_eq!(st.next_response(Some(&s)), None);
+        assert_eq!(st.next_response(t0(), Some(&s)), None);
 
         // Holds an old cluster version and a cluster that is gone: send one, then the
         // (unchanged) config needs nothing, then remove the old one.
@@ -600,10 +727,12 @@ mod tests {
             &["skewgate"],
             &[("skewgate", &current(ECDS, "skewgate"))],
         ));
-        let r = st.next_response(Some(&s)).expect("update and removal");
+        let r = st
+            .next_response(t0(), Some(&s))
+            .expect("update and removal");
         assert_eq!(shape(&r), (CDS, vec!["peers-b"], vec!["peers-gone"]));
         st.on_request(&ack(&r));
-        assert_eq!(st.next_response(Some(&s)), None);
+        assert_eq!(st.next_response(t0(), Some(&s)), None);
     }
 
     #[test]
@@ -621,7 +750,7 @@ mod tests {
                 nonce: "t-1".into()
             }
         );
-        assert_eq!(st.next_response(Some(&s)), None);
+        assert_eq!(st.next_response(t0(), Some(&s)), None);
 
         let unsubscribe = DeltaDiscoveryRequest {
             type_url: ECDS.into(),
@@ -631,9 +760,9 @@ mod tests {
         st.on_request(&unsubscribe);
         assert!(st.held(ECDS).expect("ecds").is_empty());
         let s2 = snap(&[("local", "l")], &[("skewgate", "f2")]);
-        assert_eq!(st.next_response(Some(&s2)), None, "not subscribed");
+        assert_eq!(st.next_response(t0(), Some(&s2)), None, "not subscribed");
         st.on_request(&subscribe(ECDS, &["skewgate"]));
-        let r = st.next_response(Some(&s2)).expect("subscribed again");
+        let r = st.next_response(t0(), Some(&s2)).expect("subscribed again");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
     }
 
@@ -647,10 +776,12 @@ mod tests {
         let mut st = DeltaStream::new("t-");
         st.on_request(&subscribe(CDS, &[]));
         st.on_request(&subscribe(ECDS, &["skewgate"]));
-        let r = st.next_response(Some(&withheld(&s1))).expect("clusters");
+        let r = st
+            .next_response(t0(), Some(&withheld(&s1)))
+            .expect("clusters");
         assert_eq!(shape(&r), (CDS, vec!["local", "peers-b"], vec![]));
         st.on_request(&ack(&r));
-        assert_eq!(st.next_response(Some(&withheld(&s1))), None);
+        assert_eq!(st.next_response(t0(), Some(&withheld(&s1))), None);
         assert!(st.held(ECDS).expect("ecds").is_empty());
 
         // A client that holds a filter configuration (from before, or its reconnect): it keeps
@@ -661,12 +792,14 @@ mod tests {
             &[("local", "l2"), ("peers-c", "c")],
             &[("skewgate", "uses c")],
         );
-        let r = st.next_response(Some(&withheld(&s2))).expect("clusters");
+        let r = st
+            .next_response(t0(), Some(&withheld(&s2)))
+            .expect("clusters");
         assert_eq!(shape(&r), (CDS, vec!["local", "peers-c"], vec![]));
         st.on_request(&ack(&r));
         for _ in 0..3 {
             assert_eq!(
-                st.next_response(Some(&withheld(&s2))),
+                st.next_response(t0(), Some(&withheld(&s2))),
                 None,
                 "peers-b stays, the filter configuration is not removed"
             );
@@ -675,10 +808,10 @@ mod tests {
         assert!(st.held(CDS).expect("cds").contains_key("peers-b"));
 
         // Once it can be sent again (a snapshot the filter reads), it goes as usual.
-        let r = st.next_response(Some(&s2)).expect("config");
+        let r = st.next_response(t0(), Some(&s2)).expect("config");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
         st.on_request(&ack(&r));
-        let r = st.next_response(Some(&s2)).expect("removal");
+        let r = st.next_response(t0(), Some(&s2)).expect("removal");
         assert_eq!(shape(&r), (CDS, vec![], vec!["peers-b"]));
     }
 }

@@ -16,7 +16,8 @@
 //! Nothing here decides routing: the plan is computed elsewhere; this module only carries it to
 //! Envoy, in an order that never lets Envoy route to a cluster it does not have (clusters are
 //! added before the filter configuration that names them, and removed only after a filter
-//! configuration that no longer names them was accepted).
+//! configuration that no longer names them was accepted, and [`CLUSTER_LINGER`] later, while a
+//! request routed there before may still retry).
 
 pub mod delta;
 pub mod files;
@@ -25,7 +26,7 @@ pub mod server;
 pub mod snapshot;
 
 pub use metrics::XdsMetrics;
-pub use server::{serve, Listener};
+pub use server::{serve, Listener, ServeOptions, CLUSTER_LINGER};
 pub use snapshot::{FilterDelivery, Snapshot, SnapshotInputs, Versioned};
 
 /// Type URL of CDS resources.

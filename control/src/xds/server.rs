@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -56,6 +56,8 @@ pub struct Ads {
     /// `run --state-dir`: where a snapshot Envoy acknowledged completely is kept for its
     /// bootstrap's fallback ([`crate::envoy::fallback::write_acknowledged`]).
     acknowledged_dir: Option<PathBuf>,
+    /// How long a removed cluster stays ([`ServeOptions::cluster_linger`]).
+    cluster_linger: Duration,
 }
 
 impl Ads {
@@ -63,15 +65,50 @@ impl Ads {
         snapshots: Snapshots,
         metrics: Arc<XdsMetrics>,
         closing: watch::Receiver<bool>,
-        acknowledged_dir: Option<PathBuf>,
+        options: ServeOptions,
     ) -> Self {
         Ads {
             snapshots,
             metrics,
             closing,
             next_stream: AtomicU64::new(1),
-            acknowledged_dir,
+            acknowledged_dir: options.acknowledged_dir,
+            cluster_linger: options.cluster_linger,
         }
+    }
+}
+
+/// How [`serve`] serves every stream.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// `run --state-dir`: where a snapshot Envoy acknowledged completely is kept for its
+    /// bootstrap's fallback ([`crate::envoy::fallback::write_acknowledged`]).
+    pub acknowledged_dir: Option<PathBuf>,
+    /// How long a cluster stays after Envoy holds a filter configuration that no longer names
+    /// it ([`DeltaStream::with_cluster_linger`]).
+    pub cluster_linger: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            acknowledged_dir: None,
+            cluster_linger: CLUSTER_LINGER,
+        }
+    }
+}
+
+/// How long a removed cluster stays: a request routed to it by the previous filter
+/// configuration retries there as long as its first attempt has not failed, and Envoy bounds
+/// that attempt by the route's timeout, the apiservers' `--request-timeout` (kube's default
+/// 60 s) plus 10 s. A cluster removed sooner turns such a retry into `no_healthy_upstream`.
+pub const CLUSTER_LINGER: Duration = Duration::from_secs(90);
+
+/// Sleeps until `at`, or for ever without one (the caller's `select!` guards it).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -107,7 +144,7 @@ impl AggregatedDiscoveryService for Ads {
             snapshots: self.snapshots.clone(),
             closing: self.closing.clone(),
             metrics: self.metrics.clone(),
-            state: DeltaStream::new(format!("{id}-")),
+            state: DeltaStream::new(format!("{id}-")).with_cluster_linger(self.cluster_linger),
             acknowledged_dir: self.acknowledged_dir.clone(),
             kept: None,
             negotiated: None,
@@ -199,7 +236,10 @@ impl StreamTask {
             // below wakes only for a newer one.
             let latest = self.snapshots.borrow_and_update().clone();
             let snapshot = self.view(latest);
-            while let Some(response) = self.state.next_response(snapshot.as_deref()) {
+            while let Some(response) = self
+                .state
+                .next_response(Instant::now(), snapshot.as_deref())
+            {
                 tracing::debug!(
                     stream = self.id,
                     type_url = %response.type_url,
@@ -214,7 +254,10 @@ impl StreamTask {
                     return "client went away".into();
                 }
             }
+            // A lingering cluster's removal falls due without any event.
+            let removal = self.state.next_removal();
             tokio::select! {
+                () = sleep_until(removal), if removal.is_some() => {}
                 message = self.inbound.message() => match message {
                     Ok(Some(request)) => self.received(&request),
                     Ok(None) => return "client closed the stream".into(),
@@ -408,12 +451,12 @@ pub async fn serve(
     listener: impl Into<Listener>,
     snapshots: Snapshots,
     metrics: Arc<XdsMetrics>,
-    acknowledged_dir: Option<PathBuf>,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), XdsError> {
     let listener = listener.into();
     let (close_tx, close_rx) = watch::channel(false);
-    let ads = Ads::new(snapshots, metrics, close_rx, acknowledged_dir);
+    let ads = Ads::new(snapshots, metrics, close_rx, options);
     let service =
         AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(MAX_REQUEST_BYTES);
     let local = listener.describe();
