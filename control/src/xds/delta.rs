@@ -166,12 +166,36 @@ impl DeltaStream {
         self
     }
 
-    /// When the next lingering cluster's removal falls due, if one waits: the caller asks
-    /// [`next_response`](Self::next_response) again then.
-    pub fn next_removal(&self) -> Option<Instant> {
+    /// When the next lingering cluster's removal falls due for `snapshot`, if one waits on
+    /// nothing but time: the caller asks [`next_response`](Self::next_response) again then.
+    /// `None` while a cluster response is in flight or the filter configuration is not
+    /// settled: the client's next request is what moves those on.
+    pub fn next_removal(&self, snapshot: Option<&Snapshot>) -> Option<Instant> {
+        let snapshot = snapshot?;
         let cds = self.types.get(CLUSTER_TYPE_URL)?;
-        let since = cds.unreferenced.values().min()?;
-        Some(*since + self.cluster_linger)
+        if cds.in_flight.is_some() || !self.filters_settled(snapshot) {
+            return None;
+        }
+        let since = cds
+            .unreferenced
+            .iter()
+            .filter(|(name, _)| {
+                cds.held.contains_key(*name) && !snapshot.clusters.contains_key(*name)
+            })
+            .map(|(_, since)| since)
+            .min()?;
+        // A linger too long to add is one that never ends by time.
+        since.checked_add(self.cluster_linger)
+    }
+
+    /// The client holds the snapshot's filter configuration: it routes to no cluster the
+    /// snapshot lacks.
+    fn filters_settled(&self, snapshot: &Snapshot) -> bool {
+        !snapshot.filter_withheld
+            && self
+                .types
+                .get(EXTENSION_CONFIG_TYPE_URL)
+                .is_none_or(|ecds| ecds.in_sync(&snapshot.extension_configs))
     }
 
     /// What the client holds of `type_url` (name → version), as far as this stream knows.
@@ -182,6 +206,13 @@ impl DeltaStream {
     /// Apply one request from the client.
     pub fn on_request(&mut self, request: &DeltaDiscoveryRequest) -> Received {
         let first = !self.types.contains_key(&request.type_url);
+        if first && request.type_url == EXTENSION_CONFIG_TYPE_URL {
+            // Until now this stream did not know the filter configuration the client holds, and
+            // took it for settled: that one may still name the clusters whose time started.
+            if let Some(cds) = self.types.get_mut(CLUSTER_TYPE_URL) {
+                cds.unreferenced.clear();
+            }
+        }
         let state = self.types.entry(request.type_url.clone()).or_default();
         if first {
             state.wildcard = request.resource_names_subscribe.is_empty()
@@ -269,11 +300,7 @@ impl DeltaStream {
 
         // Clusters first: additions and changes now, removals once the client holds a filter
         // configuration that no longer names them, and has held it for the linger.
-        let filters_settled = !snapshot.filter_withheld
-            && self
-                .types
-                .get(EXTENSION_CONFIG_TYPE_URL)
-                .is_none_or(|ecds| ecds.in_sync(filters));
+        let filters_settled = self.filters_settled(snapshot);
         let linger = self.cluster_linger;
         if let Some(cds) = self.types.get_mut(CLUSTER_TYPE_URL) {
             if cds.in_flight.is_none() {
@@ -620,23 +647,33 @@ mod tests {
             &[("skewgate", "uses b")],
         );
         let mut st = synced(&s1).with_cluster_linger(linger);
-        assert_eq!(st.next_removal(), None);
+        assert_eq!(st.next_removal(Some(&s1)), None);
         let s2 = snap(&[("local", "l")], &[("skewgate", "local only")]);
         let r = st.next_response(t0(), Some(&s2)).expect("config");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+        assert_eq!(
+            st.next_removal(Some(&s2)),
+            None,
+            "the config is not held yet"
+        );
         // Acknowledged 5 s later: b's time starts then.
         let acked = t0() + Duration::from_secs(5);
         st.on_request(&ack(&r));
         assert_eq!(st.next_response(acked, Some(&s2)), None, "b lingers");
-        assert_eq!(st.next_removal(), Some(acked + linger));
+        assert_eq!(st.next_removal(Some(&s2)), Some(acked + linger));
         let almost = acked + linger - Duration::from_millis(1);
         assert_eq!(st.next_response(almost, Some(&s2)), None, "b still lingers");
         let r = st
             .next_response(acked + linger, Some(&s2))
             .expect("removal");
         assert_eq!(shape(&r), (CDS, vec![], vec!["peers-b"]));
+        assert_eq!(
+            st.next_removal(Some(&s2)),
+            None,
+            "in flight: the ACK moves it on, not the time"
+        );
         st.on_request(&ack(&r));
-        assert_eq!(st.next_removal(), None);
+        assert_eq!(st.next_removal(Some(&s2)), None);
         assert!(!st.held(CDS).expect("cds").contains_key("peers-b"));
 
         // c leaves, comes back within its linger, leaves again: its time starts afresh.
@@ -652,7 +689,11 @@ mod tests {
         let back = t0() + Duration::from_secs(60);
         let r = st.next_response(back, Some(&s3)).expect("config naming c");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
-        assert_eq!(st.next_removal(), None, "c is in the snapshot again");
+        assert_eq!(
+            st.next_removal(Some(&s3)),
+            None,
+            "c is in the snapshot again"
+        );
         st.on_request(&ack(&r));
         let left = t0() + Duration::from_secs(70);
         let r = st.next_response(left, Some(&s4)).expect("config");
@@ -663,7 +704,75 @@ mod tests {
             None,
             "the first departure's time no longer counts"
         );
-        assert!(st.next_response(left + linger, Some(&s4)).is_some());
+        let r = st.next_response(left + linger, Some(&s4)).expect("removal");
+        assert_eq!(shape(&r), (CDS, vec![], vec!["peers-c"]));
+    }
+
+    /// A reconnecting client reports clusters before its filter configuration: a cluster the
+    /// snapshot lacks does not start its time until the stream knows that configuration, and
+    /// the client holds the snapshot's.
+    #[test]
+    fn a_reconnecting_clients_old_config_holds_the_linger_back() {
+        let linger = Duration::from_secs(90);
+        let s1 = snap(
+            &[("local", "l"), ("peers-b", "b")],
+            &[("skewgate", "uses b")],
+        );
+        let s2 = snap(&[("local", "l")], &[("skewgate", "local only")]);
+        let mut st = DeltaStream::new("t-").with_cluster_linger(linger);
+        let cds_b = version(&s1, CDS, "peers-b");
+        let cds_l = version(&s1, CDS, "local");
+        st.on_request(&reconnect(
+            CDS,
+            &[],
+            &[("local", &cds_l), ("peers-b", &cds_b)],
+        ));
+        // Only CDS known yet: b's time would start here.
+        assert_eq!(st.next_response(t0(), Some(&s2)), None);
+        let ecds_old = version(&s1, ECDS, "skewgate");
+        st.on_request(&reconnect(ECDS, &["skewgate"], &[("skewgate", &ecds_old)]));
+        let later = t0() + linger;
+        let r = st.next_response(later, Some(&s2)).expect("config");
+        assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
+        st.on_request(&ack(&r));
+        assert_eq!(
+            st.next_response(later, Some(&s2)),
+            None,
+            "b's time starts only now"
+        );
+        assert_eq!(st.next_removal(Some(&s2)), Some(later + linger));
+    }
+
+    /// After a response that is not due, the stream never asks to be woken in the past: a
+    /// NACKed or withheld filter configuration and a cluster response in flight wait for the
+    /// client, not for the time.
+    #[test]
+    fn a_removal_never_falls_due_while_it_cannot_be_sent() {
+        let linger = Duration::from_secs(90);
+        let s1 = snap(
+            &[("local", "l"), ("peers-b", "b")],
+            &[("skewgate", "uses b")],
+        );
+        let s2 = snap(&[("local", "l")], &[("skewgate", "local only")]);
+        let s3 = snap(&[("local", "l")], &[("skewgate", "refused")]);
+        let mut st = synced(&s1).with_cluster_linger(linger);
+        let r = st.next_response(t0(), Some(&s2)).expect("config");
+        st.on_request(&ack(&r));
+        assert_eq!(st.next_response(t0(), Some(&s2)), None);
+        // A refused configuration: unsettled, whatever the time.
+        let r = st.next_response(t0(), Some(&s3)).expect("config");
+        st.on_request(&nack(&r, "no"));
+        let late = t0() + linger * 2;
+        assert_eq!(st.next_response(late, Some(&s3)), None);
+        assert_eq!(st.next_removal(Some(&s3)), None);
+        // Withheld: likewise.
+        assert_eq!(st.next_response(late, Some(&withheld(&s2))), None);
+        assert_eq!(st.next_removal(Some(&withheld(&s2))), None);
+        // Settled again: due at once, then in flight until the ACK.
+        let r = st.next_response(late, Some(&s2)).expect("removal");
+        assert_eq!(shape(&r), (CDS, vec![], vec!["peers-b"]));
+        assert_eq!(st.next_response(late, Some(&s2)), None);
+        assert_eq!(st.next_removal(Some(&s2)), None);
     }
 
     #[test]

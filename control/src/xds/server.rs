@@ -102,6 +102,8 @@ impl Default for ServeOptions {
 /// configuration retries there as long as its first attempt has not failed, and Envoy bounds
 /// that attempt by the route's timeout, the apiservers' `--request-timeout` (kube's default
 /// 60 s) plus 10 s. A cluster removed sooner turns such a retry into `no_healthy_upstream`.
+/// (`run` does not know the timeout the bootstrap was rendered with: above 80 s the linger
+/// covers less than the whole bound.)
 pub const CLUSTER_LINGER: Duration = Duration::from_secs(90);
 
 /// Sleeps until `at`, or for ever without one (the caller's `select!` guards it).
@@ -255,7 +257,7 @@ impl StreamTask {
                 }
             }
             // A lingering cluster's removal falls due without any event.
-            let removal = self.state.next_removal();
+            let removal = self.state.next_removal(snapshot.as_deref());
             tokio::select! {
                 () = sleep_until(removal), if removal.is_some() => {}
                 message = self.inbound.message() => match message {
