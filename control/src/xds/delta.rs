@@ -41,6 +41,9 @@ use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
 
 const WILDCARD: &str = "*";
 
+/// At most this many removed clusters linger at once (100 peer sets in their three variants).
+const MAX_LINGERING_CLUSTERS: usize = 300;
+
 /// What one request meant, for logs and counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Received {
@@ -119,12 +122,22 @@ impl TypeState {
         let gone: BTreeSet<String> = self.removals(resources).into_iter().collect();
         // A name the snapshot has again, or the client no longer holds, starts afresh.
         self.unreferenced.retain(|name, _| gone.contains(name));
-        gone.into_iter()
-            .filter(|name| {
-                let since = *self.unreferenced.entry(name.clone()).or_insert(now);
-                now.saturating_duration_since(since) >= linger
-            })
-            .collect()
+        let mut due = Vec::new();
+        let mut waiting = Vec::new();
+        for name in gone {
+            let since = *self.unreferenced.entry(name.clone()).or_insert(now);
+            if now.saturating_duration_since(since) >= linger {
+                due.push(name);
+            } else {
+                waiting.push((since, name));
+            }
+        }
+        // Bounded whatever the churn (a Lease writer can make a new peer set every publish):
+        // past the cap the longest-lingering go now.
+        waiting.sort();
+        let excess = waiting.len().saturating_sub(MAX_LINGERING_CLUSTERS);
+        due.extend(waiting.into_iter().take(excess).map(|(_, name)| name));
+        due
     }
 
     /// The client holds exactly the snapshot's resources of this type.
@@ -741,6 +754,35 @@ mod tests {
             "b's time starts only now"
         );
         assert_eq!(st.next_removal(Some(&s2)), Some(later + linger));
+    }
+
+    /// However fast peer sets come and go, at most [`MAX_LINGERING_CLUSTERS`] linger: past
+    /// that, the ones removed longest ago go at once.
+    #[test]
+    fn lingering_clusters_are_bounded() {
+        let linger = Duration::from_secs(90);
+        let many = MAX_LINGERING_CLUSTERS + 5;
+        let names: Vec<String> = (0..many).map(|i| format!("peers-{i:04}")).collect();
+        let with_all: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "p")).collect();
+        let s1 = snap(&with_all, &[("skewgate", "uses all")]);
+        let mut st = synced(&s1).with_cluster_linger(linger);
+        // They leave one snapshot at a time, 100 ms apart: none lingers its whole time here.
+        let mut now = t0();
+        let mut removed = Vec::new();
+        for i in 0..many {
+            let rest: Vec<(&str, &str)> = with_all[i + 1..].to_vec();
+            let s = snap(&rest, &[("skewgate", &format!("without {i}"))]);
+            while let Some(r) = st.next_response(now, Some(&s)) {
+                removed.extend(r.removed_resources.clone());
+                st.on_request(&ack(&r));
+            }
+            now += Duration::from_millis(100);
+        }
+        assert_eq!(
+            removed,
+            names[..5].to_vec(),
+            "the five that left first went early, oldest first"
+        );
     }
 
     /// After a response that is not due, the stream never asks to be woken in the past: a
