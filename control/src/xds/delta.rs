@@ -422,6 +422,20 @@ mod tests {
         *T0.get_or_init(Instant::now)
     }
 
+    /// The linger of the tests that have one.
+    const LINGER: Duration = Duration::from_secs(90);
+
+    /// Peer b, served and then gone: the snapshot naming it, and the one without it.
+    fn b_then_gone() -> (Snapshot, Snapshot) {
+        (
+            snap(
+                &[("local", "l"), ("peers-b", "b")],
+                &[("skewgate", "uses b")],
+            ),
+            snap(&[("local", "l")], &[("skewgate", "local only")]),
+        )
+    }
+
     /// A snapshot from (cluster name, content) and (filter name, content) pairs; the content
     /// stands in for the encoded resource.
     fn snap(clusters: &[(&str, &str)], filters: &[(&str, &str)]) -> Snapshot {
@@ -654,14 +668,9 @@ mod tests {
     /// it; a cluster that comes back before then stays, and loses its time.
     #[test]
     fn a_removed_cluster_lingers_after_the_config_that_dropped_it() {
-        let linger = Duration::from_secs(90);
-        let s1 = snap(
-            &[("local", "l"), ("peers-b", "b")],
-            &[("skewgate", "uses b")],
-        );
-        let mut st = synced(&s1).with_cluster_linger(linger);
+        let (s1, s2) = b_then_gone();
+        let mut st = synced(&s1).with_cluster_linger(LINGER);
         assert_eq!(st.next_removal(Some(&s1)), None);
-        let s2 = snap(&[("local", "l")], &[("skewgate", "local only")]);
         let r = st.next_response(t0(), Some(&s2)).expect("config");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
         assert_eq!(
@@ -673,11 +682,11 @@ mod tests {
         let acked = t0() + Duration::from_secs(5);
         st.on_request(&ack(&r));
         assert_eq!(st.next_response(acked, Some(&s2)), None, "b lingers");
-        assert_eq!(st.next_removal(Some(&s2)), Some(acked + linger));
-        let almost = acked + linger - Duration::from_millis(1);
+        assert_eq!(st.next_removal(Some(&s2)), Some(acked + LINGER));
+        let almost = acked + LINGER - Duration::from_millis(1);
         assert_eq!(st.next_response(almost, Some(&s2)), None, "b still lingers");
         let r = st
-            .next_response(acked + linger, Some(&s2))
+            .next_response(acked + LINGER, Some(&s2))
             .expect("removal");
         assert_eq!(shape(&r), (CDS, vec![], vec!["peers-b"]));
         assert_eq!(
@@ -694,7 +703,7 @@ mod tests {
             &[("local", "l"), ("peers-c", "c")],
             &[("skewgate", "uses c")],
         );
-        let mut st = synced(&s3).with_cluster_linger(linger);
+        let mut st = synced(&s3).with_cluster_linger(LINGER);
         let s4 = snap(&[("local", "l")], &[("skewgate", "local only")]);
         let r = st.next_response(t0(), Some(&s4)).expect("config");
         st.on_request(&ack(&r));
@@ -713,11 +722,11 @@ mod tests {
         st.on_request(&ack(&r));
         assert_eq!(st.next_response(left, Some(&s4)), None);
         assert_eq!(
-            st.next_response(t0() + linger, Some(&s4)),
+            st.next_response(t0() + LINGER, Some(&s4)),
             None,
             "the first departure's time no longer counts"
         );
-        let r = st.next_response(left + linger, Some(&s4)).expect("removal");
+        let r = st.next_response(left + LINGER, Some(&s4)).expect("removal");
         assert_eq!(shape(&r), (CDS, vec![], vec!["peers-c"]));
     }
 
@@ -726,13 +735,8 @@ mod tests {
     /// the client holds the snapshot's.
     #[test]
     fn a_reconnecting_clients_old_config_holds_the_linger_back() {
-        let linger = Duration::from_secs(90);
-        let s1 = snap(
-            &[("local", "l"), ("peers-b", "b")],
-            &[("skewgate", "uses b")],
-        );
-        let s2 = snap(&[("local", "l")], &[("skewgate", "local only")]);
-        let mut st = DeltaStream::new("t-").with_cluster_linger(linger);
+        let (s1, s2) = b_then_gone();
+        let mut st = DeltaStream::new("t-").with_cluster_linger(LINGER);
         let cds_b = version(&s1, CDS, "peers-b");
         let cds_l = version(&s1, CDS, "local");
         st.on_request(&reconnect(
@@ -744,7 +748,7 @@ mod tests {
         assert_eq!(st.next_response(t0(), Some(&s2)), None);
         let ecds_old = version(&s1, ECDS, "skewgate");
         st.on_request(&reconnect(ECDS, &["skewgate"], &[("skewgate", &ecds_old)]));
-        let later = t0() + linger;
+        let later = t0() + LINGER;
         let r = st.next_response(later, Some(&s2)).expect("config");
         assert_eq!(shape(&r), (ECDS, vec!["skewgate"], vec![]));
         st.on_request(&ack(&r));
@@ -753,19 +757,18 @@ mod tests {
             None,
             "b's time starts only now"
         );
-        assert_eq!(st.next_removal(Some(&s2)), Some(later + linger));
+        assert_eq!(st.next_removal(Some(&s2)), Some(later + LINGER));
     }
 
     /// However fast peer sets come and go, at most [`MAX_LINGERING_CLUSTERS`] linger: past
     /// that, the ones removed longest ago go at once.
     #[test]
     fn lingering_clusters_are_bounded() {
-        let linger = Duration::from_secs(90);
         let many = MAX_LINGERING_CLUSTERS + 5;
         let names: Vec<String> = (0..many).map(|i| format!("peers-{i:04}")).collect();
         let with_all: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "p")).collect();
         let s1 = snap(&with_all, &[("skewgate", "uses all")]);
-        let mut st = synced(&s1).with_cluster_linger(linger);
+        let mut st = synced(&s1).with_cluster_linger(LINGER);
         // They leave one snapshot at a time, 100 ms apart: none lingers its whole time here.
         let mut now = t0();
         let mut removed = Vec::new();
@@ -790,21 +793,16 @@ mod tests {
     /// client, not for the time.
     #[test]
     fn a_removal_never_falls_due_while_it_cannot_be_sent() {
-        let linger = Duration::from_secs(90);
-        let s1 = snap(
-            &[("local", "l"), ("peers-b", "b")],
-            &[("skewgate", "uses b")],
-        );
-        let s2 = snap(&[("local", "l")], &[("skewgate", "local only")]);
+        let (s1, s2) = b_then_gone();
         let s3 = snap(&[("local", "l")], &[("skewgate", "refused")]);
-        let mut st = synced(&s1).with_cluster_linger(linger);
+        let mut st = synced(&s1).with_cluster_linger(LINGER);
         let r = st.next_response(t0(), Some(&s2)).expect("config");
         st.on_request(&ack(&r));
         assert_eq!(st.next_response(t0(), Some(&s2)), None);
         // A refused configuration: unsettled, whatever the time.
         let r = st.next_response(t0(), Some(&s3)).expect("config");
         st.on_request(&nack(&r, "no"));
-        let late = t0() + linger * 2;
+        let late = t0() + LINGER * 2;
         assert_eq!(st.next_response(late, Some(&s3)), None);
         assert_eq!(st.next_removal(Some(&s3)), None);
         // Withheld: likewise.
