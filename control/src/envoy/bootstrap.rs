@@ -84,7 +84,7 @@ use super::resources::{
     envoy_address, proto_duration, DYNAMIC_MODULE_TYPE_URL, HTTP_PROTOCOL_OPTIONS, WASM_TYPE_URL,
 };
 use super::secrets::{sds_secret_config, CLIENT_CA_SECRET, SERVING_SECRET};
-use super::{checked_path, Address, EnvoyError, FILTER_NAME, REQUEST_TIMEOUT_MARGIN};
+use super::{checked_path, Address, EnvoyError, FILTER_NAME};
 use crate::envoy::dialect::node_metadata;
 use crate::local_channels::{LocalChannel, SOCKET_MODE};
 use skewgate_core::config::FilterDialect;
@@ -125,7 +125,7 @@ pub struct Bootstrap<'a> {
     /// This Envoy's node id (for the control plane's logs).
     pub node_id: &'a str,
     /// The apiservers' `--request-timeout`: Envoy bounds non-long-running requests by
-    /// [`REQUEST_TIMEOUT_MARGIN`] more.
+    /// [`super::REQUEST_TIMEOUT_MARGIN`] more ([`super::route_timeout::of`]).
     pub request_timeout: Duration,
     /// TLS for clients; `None` serves plaintext (tests and demos on loopback only).
     pub serving: Option<&'a super::ServingTls>,
@@ -422,7 +422,7 @@ fn routed_routes(unbounded: HeaderMatcher, request_timeout: Duration) -> Vec<Rou
     let mut routes = Vec::with_capacity(8);
     for (class, timeout) in [
         (Some(unbounded), Duration::ZERO),
-        (None, request_timeout + REQUEST_TIMEOUT_MARGIN),
+        (None, super::route_timeout::of(request_timeout)),
     ] {
         for target in [Target::Peers, Target::LocalFirst] {
             for repeatable in [Repeatable::Safe, Repeatable::Unsafe] {
@@ -808,13 +808,13 @@ fn stats_config() -> StatsConfig {
     }
 }
 
-/// `a` with the fields of each struct of `b` added to `a`'s struct of the same key.
+/// `a` with the fields of each struct of `more` added to `a`'s struct of the same key.
 fn merge_metadata(
     mut a: envoy_types::pb::google::protobuf::Struct,
-    b: Option<envoy_types::pb::google::protobuf::Struct>,
+    more: impl IntoIterator<Item = envoy_types::pb::google::protobuf::Struct>,
 ) -> envoy_types::pb::google::protobuf::Struct {
     use envoy_types::pb::google::protobuf::value::Kind;
-    for (key, value) in b.into_iter().flat_map(|b| b.fields) {
+    for (key, value) in more.into_iter().flat_map(|b| b.fields) {
         match (a.fields.get_mut(&key), value.kind) {
             (
                 Some(envoy_types::pb::google::protobuf::Value {
@@ -922,12 +922,19 @@ impl Bootstrap<'_> {
             node: Some(Node {
                 id: self.node_id.into(),
                 cluster: "skewgate".into(),
-                // What the filter reads (the control plane renders for it), and the configured
-                // GOAWAY chance, side by side under `skewgate`.
+                // What the filter reads (the control plane renders for it), a short request's
+                // route timeout (how long the control plane keeps a cluster a request may
+                // still retry on) and the configured GOAWAY chance, side by side under
+                // `skewgate`.
                 metadata: Some(merge_metadata(
                     node_metadata(&FilterDialect::this_filter()),
-                    self.goaway
-                        .map(|goaway| super::goaway::node_metadata(goaway.configured)),
+                    std::iter::once(super::route_timeout::node_metadata(
+                        super::route_timeout::of(self.request_timeout),
+                    ))
+                    .chain(
+                        self.goaway
+                            .map(|goaway| super::goaway::node_metadata(goaway.configured)),
+                    ),
                 )),
                 ..Default::default()
             }),

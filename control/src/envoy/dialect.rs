@@ -10,7 +10,8 @@
 //!
 //! Envoy sends its node on the first request of each ADS stream, and the xDS server reads it
 //! back ([`negotiate`]) to render the filter configuration for that filter. Both sides are here,
-//! so the shape is written down once.
+//! so the shape is written down once. (Beside it under the same key the bootstrap advertises
+//! its route timeout, [`super::route_timeout`], and its GOAWAY chance, [`super::goaway`].)
 //!
 //! The metadata is read leniently, as hostile input: a node without it is a filter of the
 //! release before dialects were advertised ([`FilterDialect::unadvertised`]), and so is one

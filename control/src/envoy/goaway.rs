@@ -352,10 +352,20 @@ mod tests {
             skewgate_core::config::FilterDialect::this_filter(),
             "the filter's dialect is still there"
         );
+        assert_eq!(
+            crate::envoy::route_timeout::advertised(b.node.as_ref()),
+            Some(std::time::Duration::from_secs(70)),
+            "and so is the route timeout"
+        );
         // The default, 0: the overload manager is there (the switch), drawing nothing.
         let b = decoded(&args(&[]));
         assert!(b.overload_manager.is_some());
         assert_eq!(chance_of(&b), Some(0.0));
+        let b = decoded(&args(&["--request-timeout=300s"]));
+        assert_eq!(
+            crate::envoy::route_timeout::advertised(b.node.as_ref()),
+            Some(std::time::Duration::from_secs(310)),
+        );
         // Loopback TCP: no directory for the file.
         let tcp = args(&["--insecure-tcp-local-channels"]);
         assert!(decoded(&tcp).overload_manager.is_none());

@@ -18,6 +18,7 @@ pub mod fallback;
 pub mod files;
 pub mod goaway;
 pub mod resources;
+pub mod route_timeout;
 pub mod secrets;
 
 pub use skewgate_core::config::LOCAL_CLUSTER;

@@ -175,8 +175,18 @@ impl DeltaStream {
     /// A cluster no longer in the snapshot is removed only `linger` after the client holds a
     /// filter configuration that no longer names it (none: at once).
     pub fn with_cluster_linger(mut self, linger: Duration) -> Self {
-        self.cluster_linger = linger;
+        self.set_cluster_linger(linger);
         self
+    }
+
+    /// As [`with_cluster_linger`](Self::with_cluster_linger), once the client has said how long
+    /// its requests may take.
+    pub fn set_cluster_linger(&mut self, linger: Duration) {
+        self.cluster_linger = linger;
+    }
+
+    pub fn cluster_linger(&self) -> Duration {
+        self.cluster_linger
     }
 
     /// When the next lingering cluster's removal falls due for `snapshot`, if one waits on

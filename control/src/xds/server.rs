@@ -98,13 +98,27 @@ impl Default for ServeOptions {
     }
 }
 
-/// How long a removed cluster stays: a request routed to it by the previous filter
-/// configuration retries there as long as its first attempt has not failed, and Envoy bounds
-/// that attempt by the route's timeout, the apiservers' `--request-timeout` (kube's default
-/// 60 s) plus 10 s. A cluster removed sooner turns such a retry into `no_healthy_upstream`.
-/// (`run` does not know the timeout the bootstrap was rendered with: above 80 s the linger
-/// covers less than the whole bound.)
+/// How long a removed cluster stays when Envoy's requests take at most
+/// [`LINGER_COVERS`]: a request routed to it by the previous filter configuration retries
+/// there as long as its first attempt has not failed, and Envoy bounds that attempt by the
+/// route's timeout. A cluster removed sooner turns such a retry into `no_healthy_upstream`.
+/// A node whose route timeout is longer gets a longer linger ([`cluster_linger`]).
 pub const CLUSTER_LINGER: Duration = Duration::from_secs(90);
+
+/// The route timeout [`CLUSTER_LINGER`] covers, with 20 s to spare: the one the bootstrap
+/// renders for kube-apiserver's default `--request-timeout`, 60 s.
+pub const LINGER_COVERS: Duration = crate::envoy::route_timeout::of(Duration::from_secs(60));
+
+/// How long a stream's removed clusters linger: `base` for a node whose route timeout is at
+/// most [`LINGER_COVERS`] (or who does not say, a bootstrap of a release before it did), as
+/// much longer as the route timeout it advertises is longer
+/// ([`crate::envoy::route_timeout::advertised`], at most a day).
+pub fn cluster_linger(base: Duration, advertised_route_timeout: Option<Duration>) -> Duration {
+    let longer = advertised_route_timeout.map_or(Duration::ZERO, |timeout| {
+        timeout.saturating_sub(LINGER_COVERS)
+    });
+    base.saturating_add(longer)
+}
 
 /// Sleeps until `at`, or for ever without one (the caller's `select!` guards it).
 async fn sleep_until(at: Option<Instant>) {
@@ -324,6 +338,16 @@ impl StreamTask {
             }
             self.metrics.negotiated(self.id, node, &negotiated);
             self.negotiated = Some(negotiated);
+            let route_timeout = crate::envoy::route_timeout::advertised(request.node.as_ref());
+            let linger = cluster_linger(self.state.cluster_linger(), route_timeout);
+            self.state.set_cluster_linger(linger);
+            tracing::info!(
+                stream = self.id,
+                node,
+                ?route_timeout,
+                ?linger,
+                "clusters this stream removes linger for the node's longest short request"
+            );
         }
         let received = self.state.on_request(request);
         let type_url = request.type_url.as_str();
@@ -488,4 +512,36 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The linger covers the node's route timeout: the base up to kube's default, longer by
+    /// as much as the node's is longer, never shorter, and never an overflow.
+    #[test]
+    fn the_linger_grows_with_the_route_timeout_the_node_advertises() {
+        let s = Duration::from_secs;
+        for (base, advertised, linger) in [
+            (CLUSTER_LINGER, None, CLUSTER_LINGER),
+            (CLUSTER_LINGER, Some(s(0)), CLUSTER_LINGER),
+            (CLUSTER_LINGER, Some(LINGER_COVERS), CLUSTER_LINGER),
+            // --request-timeout=300s: a route timeout of 310 s, 20 s to spare as by default.
+            (CLUSTER_LINGER, Some(s(310)), s(330)),
+            (s(3), Some(s(75)), s(8)),
+            (Duration::MAX, Some(s(310)), Duration::MAX),
+            (
+                CLUSTER_LINGER,
+                Some(crate::envoy::route_timeout::MAX_ROUTE_TIMEOUT),
+                s(24 * 3600 + 20),
+            ),
+        ] {
+            assert_eq!(
+                cluster_linger(base, advertised),
+                linger,
+                "{base:?} {advertised:?}"
+            );
+        }
+    }
 }
