@@ -402,18 +402,21 @@ fn legacy_group_version(path: &str) -> Option<GroupVersion> {
 
 /// Discovery paths the local apiserver answers when we have nothing better.
 fn is_discovery_path(path: &str) -> bool {
-    // `/api`, `/api/<v>`, `/apis`, `/apis/<g>`, `/apis/<g>/<v>`: at most four segments are
-    // looked at, and nothing is collected.
-    let mut parts = path.trim_matches('/').split('/');
-    let segments = [parts.next(), parts.next(), parts.next(), parts.next()];
-    matches!(
-        segments,
-        [Some("api"), None, None, None]
-            | [Some("api"), Some(_), None, None]
-            | [Some("apis"), None, None, None]
-            | [Some("apis"), Some(_), None, None]
-            | [Some("apis"), Some(_), Some(_), None]
-    )
+    // `/api`, `/api/<v>`, `/apis`, `/apis/<g>`, `/apis/<g>/<v>`: the first segment, then the
+    // slashes after it (empty segments count, as in a split on `/`), counted only up to one
+    // too many: a resource path leaves after a few bytes, without a split.
+    let trimmed = path.trim_matches('/');
+    let first = trimmed.split_once('/').map_or(trimmed, |(first, _)| first);
+    let most_slashes = match first {
+        "api" => 1,
+        "apis" => 2,
+        _ => return false,
+    };
+    trimmed
+        .bytes()
+        .filter(|&b| b == b'/')
+        .nth(most_slashes)
+        .is_none()
 }
 
 /// `Accept-Encoding` lists `gzip` with a non-zero q (Go's `strings.Contains` check upstream is
@@ -437,6 +440,41 @@ fn accepts_gzip(accept_encoding: Option<&[u8]>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Which paths are discovery documents' (the query is gone by then): a table, with the
+    /// edges of the slash count and of the first segment.
+    #[test]
+    fn discovery_paths() {
+        for (path, want) in [
+            ("/api", true),
+            ("/api/", true),
+            ("/api/v1", true),
+            ("/api/v1/", true),
+            ("/apis", true),
+            ("/apis/apps", true),
+            ("/apis/apps/v1", true),
+            ("//apis//", true),
+            ("/apis//", true),
+            // Empty segments count.
+            ("/apis//v1", true),
+            ("/apis/a//v1", false),
+            ("/api/v1/pods", false),
+            ("/api//v1", false),
+            ("/apis/apps/v1/deployments", false),
+            ("/apis/apps/v1/namespaces/default/deployments/web", false),
+            ("/", false),
+            ("", false),
+            ("/apisx", false),
+            ("/ap", false),
+            ("/API", false),
+            ("/healthz", false),
+            ("/openapi/v3/apis/apps/v1", false),
+            ("/x/apis", false),
+            ("/apis\u{e9}/x", false),
+        ] {
+            assert_eq!(is_discovery_path(path), want, "{path:?}");
+        }
+    }
     use crate::config::JsonDocument;
     use std::collections::BTreeMap;
 

@@ -309,6 +309,16 @@ fn first<'a, N: AsRef<str>, V: AsRef<[u8]>>(headers: &'a [(N, V)], name: &str) -
         .map(|(_, v)| v.as_ref())
 }
 
+/// `bytes` as text, each sequence that is not UTF-8 replaced by U+FFFD. Borrowed when it is
+/// UTF-8, found by the standard library's word-at-a-time check: `String::from_utf8_lossy`
+/// walks every byte on its own, which on every request's `:path` costs more than the check.
+fn lossy(bytes: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(bytes),
+    }
+}
+
 /// Decide everything about a request from its headers (names and raw values, as Envoy gives
 /// them), the subject of its verified client certificate (from Envoy's `x-forwarded-client-cert`,
 /// [`client_cert::subject`](crate::client_cert::subject); empty or `None` without one), and the
@@ -319,13 +329,13 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
     compiled: &'a CompiledConfig,
 ) -> RequestPlan<'a> {
     let strip = hygiene::forbidden_names(headers.iter().map(|(n, _)| n.as_ref()));
-    let method = String::from_utf8_lossy(first(headers, ":method").unwrap_or_default());
-    let path = String::from_utf8_lossy(first(headers, ":path").unwrap_or_default());
+    let method = lossy(first(headers, ":method").unwrap_or_default());
+    let path = lossy(first(headers, ":path").unwrap_or_default());
 
     // Step 2: identity.
     let auth = match subject {
         Some(subject) if !subject.is_empty() => {
-            let subject = String::from_utf8_lossy(subject);
+            let subject = lossy(subject);
             match identity::identity_from_subject(&subject) {
                 Ok(id) => Auth::ProxyIdentity(id),
                 Err(error) => {
@@ -438,11 +448,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
                 response: ResponsePlan {
                     served: Some(Served {
                         by: ServedBy::Peer,
-                        target: Target {
-                            group_version: gv.clone(),
-                            resource: String::new(),
-                            subresource: String::new(),
-                        },
+                        target: Target::new(&gv.group, &gv.version, "", ""),
                         relayed: false,
                     }),
                     uncacheable: true,
@@ -564,10 +570,9 @@ fn unavailable<'a>(
     reason: Reason,
     compiled: &CompiledConfig,
 ) -> RequestPlan<'a> {
-    let gvr = target.as_ref().map_or(GvrLabel::OTHER, |target| {
-        let gv = &target.group_version;
-        compiled.labels.of(&gv.group, &gv.version, &target.resource)
-    });
+    let gvr = target
+        .as_ref()
+        .map_or(GvrLabel::OTHER, |target| target.label(&compiled.labels));
     // Only resource requests are sent nowhere, so `target` is there; the path says it otherwise.
     let target = target.map_or_else(|| path.to_string(), |target| target.to_string());
     let (cause, counter, message) = match reason {
@@ -598,36 +603,93 @@ fn unavailable<'a>(
 }
 
 /// What a resource request asked for, as kube names it in messages
-/// (`resource.k8s.io/v1beta2, Resource=resourceclaims`, [`Display`](fmt::Display)). Its strings
-/// are copied (or, for a path that had escapes, moved) out of the request's [`RequestInfo`]; the
-/// text is formatted only for a message.
+/// (`resource.k8s.io/v1beta2, Resource=resourceclaims`, [`Display`](fmt::Display)). Kept from
+/// the request to its response, for the 503 messages and the 404 safety net: its four names
+/// are copied out of the request's [`RequestInfo`] into one string (one allocation per
+/// request, not one per name); the text is formatted only for a message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Target {
-    pub group_version: GroupVersion,
-    pub resource: String,
-    /// Empty for the resource itself.
-    pub subresource: String,
+    /// The group, version, resource and subresource, one after the other.
+    names: String,
+    /// Where the group, the version and the resource end in `names`.
+    ends: [usize; 3],
 }
 
 impl Target {
-    pub fn of(info: RequestInfo<'_>) -> Self {
-        Target {
-            group_version: GroupVersion::new(info.api_group, info.api_version),
-            resource: info.resource.into_owned(),
-            subresource: info.subresource.into_owned(),
+    /// `resource` empty for a group-version's own document, `subresource` for the resource
+    /// itself.
+    pub fn new(group: &str, version: &str, resource: &str, subresource: &str) -> Self {
+        let mut names =
+            String::with_capacity(group.len() + version.len() + resource.len() + subresource.len());
+        let mut ends = [0; 3];
+        for (end, name) in ends.iter_mut().zip([group, version, resource]) {
+            names.push_str(name);
+            *end = names.len();
         }
+        names.push_str(subresource);
+        Target { names, ends }
+    }
+
+    pub fn of(info: RequestInfo<'_>) -> Self {
+        Target::new(
+            &info.api_group,
+            &info.api_version,
+            &info.resource,
+            &info.subresource,
+        )
+    }
+
+    /// The `n`th name (0 group, 1 version, 2 resource, 3 subresource).
+    fn name(&self, n: usize) -> &str {
+        let start = n
+            .checked_sub(1)
+            .and_then(|previous| self.ends.get(previous))
+            .copied()
+            .unwrap_or(0);
+        let end = self.ends.get(n).copied().unwrap_or(self.names.len());
+        // In range and on char boundaries by construction (`new` appends whole names).
+        self.names.get(start..end).unwrap_or_default()
+    }
+
+    pub fn group(&self) -> &str {
+        self.name(0)
+    }
+
+    pub fn version(&self) -> &str {
+        self.name(1)
+    }
+
+    /// Empty for a group-version's own document.
+    pub fn resource(&self) -> &str {
+        self.name(2)
+    }
+
+    /// Empty for the resource itself.
+    pub fn subresource(&self) -> &str {
+        self.name(3)
+    }
+
+    /// Its group/version/resource as a counter label, bounded by the configuration.
+    fn label(&self, labels: &MetricLabels) -> GvrLabel {
+        labels.of(self.group(), self.version(), self.resource())
     }
 }
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.resource.is_empty() {
-            // Not a resource: the group-version's OpenAPI document.
-            return write!(f, "{} (OpenAPI v3)", self.group_version);
+        // As `GroupVersion` writes it: the core group is its version alone.
+        if self.group().is_empty() {
+            f.write_str(self.version())?;
+        } else {
+            write!(f, "{}/{}", self.group(), self.version())?;
         }
-        write!(f, "{}, Resource={}", self.group_version, self.resource)?;
-        if !self.subresource.is_empty() {
-            write!(f, "/{}", self.subresource)?;
+        if self.resource().is_empty() {
+            // Not a resource: the group-version's OpenAPI document.
+            return f.write_str(" (OpenAPI v3)");
+        }
+        write!(f, ", Resource={}", self.resource())?;
+        if !self.subresource().is_empty() {
+            write!(f, "/{}", self.subresource())?;
         }
         Ok(())
     }
@@ -663,8 +725,7 @@ impl Served {
     /// Its group/version/resource as a counter label, bounded by the configuration. Looked
     /// up only when a counter needs it: most requests are served locally and count nothing.
     pub fn label(&self, labels: &MetricLabels) -> GvrLabel {
-        let gv = &self.target.group_version;
-        labels.of(&gv.group, &gv.version, &self.target.resource)
+        self.target.label(labels)
     }
 
     fn new(by: ServedBy, info: RequestInfo<'_>) -> Self {
@@ -1447,6 +1508,37 @@ mod tests {
         assert_eq!(body.bytes(&without), b"");
     }
 
+    /// A target gives back its four names, empty ones included, and reads as kube's messages
+    /// name a group-version-resource.
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn a_target_keeps_its_names_in_one_string() {
+        for (names, text) in [
+            (
+                ["apps", "v1", "deployments", ""],
+                "apps/v1, Resource=deployments",
+            ),
+            (["", "v1", "pods", "log"], "v1, Resource=pods/log"),
+            (
+                ["resource.k8s.io", "v1beta2", "", ""],
+                "resource.k8s.io/v1beta2 (OpenAPI v3)",
+            ),
+            (["", "", "", ""], " (OpenAPI v3)"),
+            (
+                ["\u{e9}", "v\u{1f600}", "r", "s"],
+                "\u{e9}/v\u{1f600}, Resource=r/s",
+            ),
+        ] {
+            let [group, version, resource, subresource] = names;
+            let t = Target::new(group, version, resource, subresource);
+            assert_eq!(
+                [t.group(), t.version(), t.resource(), t.subresource()],
+                names
+            );
+            assert_eq!(t.to_string(), text);
+        }
+    }
+
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn envoy_replies_become_status_and_a_dead_peer_503() {
@@ -1457,11 +1549,7 @@ mod tests {
             uncacheable: false,
             served: Some(Served {
                 by: ServedBy::Peer,
-                target: Target {
-                    group_version: GroupVersion::new("g", "v"),
-                    resource: "r".into(),
-                    subresource: String::new(),
-                },
+                target: Target::new("g", "v", "r", ""),
                 relayed: false,
             }),
         };

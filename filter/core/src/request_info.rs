@@ -339,10 +339,18 @@ fn split_path(path: &str) -> Vec<&str> {
     if trimmed.is_empty() {
         return Vec::new();
     }
-    // Sized once: collecting a split grows the vector by doubling, a reallocation or two on
-    // every request.
+    // One pass over the bytes, the vector sized from a first count: collecting a split would
+    // search for each slash apart and grow the vector by doubling.
     let mut segments = Vec::with_capacity(trimmed.bytes().filter(|&b| b == b'/').count() + 1);
-    segments.extend(trimmed.split('/'));
+    let mut start = 0;
+    for (at, byte) in trimmed.bytes().enumerate() {
+        if byte == b'/' {
+            // On char boundaries: `/` is ASCII, never inside a multi-byte character.
+            segments.push(trimmed.get(start..at).unwrap_or_default());
+            start = at + 1;
+        }
+    }
+    segments.push(trimmed.get(start..).unwrap_or_default());
     segments
 }
 
@@ -1979,6 +1987,31 @@ mod tests {
         for (method, path, want) in cases {
             let info = parse(method, path).unwrap();
             assert_eq!(info.is_long_running(), want, "{method} {path}");
+        }
+    }
+
+    /// The path's segments as Go's `strings.Split(strings.Trim(path, "/"), "/")` gives them
+    /// (nothing for an empty path), multi-byte characters beside the slashes included.
+    #[test]
+    fn path_segments_are_a_split_on_slashes() {
+        for path in [
+            "",
+            "/",
+            "//",
+            "/api",
+            "api/v1/",
+            "/apis/apps/v1/namespaces/default/deployments/web",
+            "/a//b///c/",
+            "/\u{e9}/\u{1f600}x/y\u{e9}",
+            "/\u{e9}",
+        ] {
+            let trimmed = path.trim_matches('/');
+            let want: Vec<&str> = if trimmed.is_empty() {
+                Vec::new()
+            } else {
+                trimmed.split('/').collect()
+            };
+            assert_eq!(split_path(path), want, "{path:?}");
         }
     }
 }

@@ -347,19 +347,17 @@ impl Filter {
                 v.saturating_add(h.value_length),
             )
         });
-        let mut block = HeaderBlock::with_capacity(count, names, values);
-        for h in raw.iter() {
+        let lent_pairs = raw.iter().map(|h| {
             // SAFETY: Envoy filled each entry with views valid until this hook returns and no
             // setter ran since; they are copied before this function returns.
-            let (name, value) = unsafe {
+            unsafe {
                 (
                     lent(h.key_ptr, h.key_length),
                     lent(h.value_ptr, h.value_length),
                 )
-            };
-            block.push(name, value);
-        }
-        Ok(block)
+            }
+        });
+        Ok(HeaderBlock::copied(lent_pairs, names, values))
     }
 
     /// The first value of header `name` in `map`.

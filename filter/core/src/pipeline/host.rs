@@ -59,7 +59,7 @@ impl RequestHeaders for Vec<(String, Bytes)> {
 /// Headers copied out of a host in one block: every name in one string, every value in one
 /// buffer, their places in a third. Three allocations for a request instead of two per header
 /// (the native shell copies Envoy's headers into one; Envoy lends its views only until the hook
-/// returns or a header is set), and no name is checked for UTF-8 twice.
+/// returns or a header is set), and the names checked for UTF-8 in one pass.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct HeaderBlock {
     names: String,
@@ -70,26 +70,36 @@ pub struct HeaderBlock {
 }
 
 impl HeaderBlock {
-    /// Room for `headers` headers whose names take `name_bytes` and values `value_bytes`.
-    pub fn with_capacity(headers: usize, name_bytes: usize, value_bytes: usize) -> HeaderBlock {
-        HeaderBlock {
-            names: String::with_capacity(name_bytes),
-            values: Vec::with_capacity(value_bytes),
-            ends: Vec::with_capacity(headers),
-        }
-    }
-
-    /// Appends a header. A name that is not UTF-8 (an HTTP header name is ASCII, so no request
-    /// that reaches an apiserver has one) is kept with U+FFFD for each bad sequence, as the
+    /// Copies `headers`, whose names take `name_bytes` and values `value_bytes` (for the
+    /// capacities). A name that is not UTF-8 (an HTTP header name is ASCII, so no request that
+    /// reaches an apiserver has one) is kept with U+FFFD for each bad sequence, as the
     /// proxy-wasm host does.
-    pub fn push(&mut self, name: &[u8], value: &[u8]) {
-        match std::str::from_utf8(name) {
-            Ok(name) => self.names.push_str(name),
-            // The slow path, only for a name that is not UTF-8.
-            Err(_) => self.names.push_str(&String::from_utf8_lossy(name)),
+    pub fn copied<'h, I>(headers: I, name_bytes: usize, value_bytes: usize) -> HeaderBlock
+    where
+        I: IntoIterator<Item = (&'h [u8], &'h [u8])>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let headers = headers.into_iter();
+        let mut names = Vec::with_capacity(name_bytes);
+        let mut values = Vec::with_capacity(value_bytes);
+        let mut ends = Vec::with_capacity(headers.len());
+        for (name, value) in headers {
+            names.extend_from_slice(name);
+            values.extend_from_slice(value);
+            ends.push((names.len(), values.len()));
         }
-        self.values.extend_from_slice(value);
-        self.ends.push((self.names.len(), self.values.len()));
+        // One check for every name: all of them together are UTF-8 and each ends on a
+        // character boundary exactly when each of them is UTF-8.
+        let names = match String::from_utf8(names) {
+            Ok(names) if ends.iter().all(|&(end, _)| names.is_char_boundary(end)) => names,
+            Ok(names) => lossy_names(names.as_bytes(), &mut ends),
+            Err(e) => lossy_names(e.as_bytes(), &mut ends),
+        };
+        HeaderBlock {
+            names,
+            values,
+            ends,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -99,6 +109,21 @@ impl HeaderBlock {
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
     }
+}
+
+/// The slow path, for names that are not all UTF-8: each name of `bytes` (ending at `ends`)
+/// made text on its own, and `ends` moved to where the names end now.
+fn lossy_names(bytes: &[u8], ends: &mut [(usize, usize)]) -> String {
+    let mut names = String::with_capacity(bytes.len());
+    let mut start = 0;
+    for (end, _) in ends.iter_mut() {
+        names.push_str(&String::from_utf8_lossy(
+            bytes.get(start..*end).unwrap_or_default(),
+        ));
+        start = *end;
+        *end = names.len();
+    }
+    names
 }
 
 impl RequestHeaders for HeaderBlock {
@@ -163,29 +188,38 @@ mod tests {
     use super::*;
 
     /// A block gives back what went in, in order, repeats and empty values included, as the
-    /// owned form does; a name that is not UTF-8 comes back with U+FFFD, as proxy-wasm gives it.
+    /// owned form does; a name that is not UTF-8 comes back with U+FFFD, as proxy-wasm gives it,
+    /// also when the names together would be UTF-8 (a character split across two names).
     #[test]
     fn a_header_block_gives_back_what_went_in() {
-        let headers: &[(&[u8], &[u8])] = &[
-            (b":method", b"GET"),
-            (b":path", b"/api/v1/pods"),
-            (b"x-remote-group", b"a"),
-            (b"x-remote-group", b"b"),
-            (b"empty", b""),
-            (b"", b"no name"),
-            (b"bad\xffname", b"\xfe\x00value"),
+        let cases: &[&[(&[u8], &[u8])]] = &[
+            &[
+                (b":method", b"GET"),
+                (b":path", b"/api/v1/pods"),
+                (b"x-remote-group", b"a"),
+                (b"x-remote-group", b"b"),
+                (b"empty", b""),
+                (b"", b"no name"),
+                (b"bad\xffname", b"\xfe\x00value"),
+            ],
+            // "\xc3\xa9" is é: split across two names, each is bad on its own.
+            &[(b"a\xc3", b"1"), (b"\xa9b", b"2"), (b"ok", b"3")],
+            &[(b"caf\xc3\xa9", b"\xc3\xa9"), (b"\xf0\x9f\x98\x80", b"")],
+            &[],
         ];
-        let mut block = HeaderBlock::with_capacity(1, 0, 0);
-        let mut owned: Vec<(String, Bytes)> = Vec::new();
-        for (name, value) in headers {
-            block.push(name, value);
-            owned.push((String::from_utf8_lossy(name).into_owned(), value.to_vec()));
+        for headers in cases {
+            let block = HeaderBlock::copied(headers.iter().copied(), 0, 0);
+            let owned: Vec<(String, Bytes)> = headers
+                .iter()
+                .map(|(name, value)| (String::from_utf8_lossy(name).into_owned(), value.to_vec()))
+                .collect();
+            assert_eq!(block.len(), headers.len());
+            assert_eq!(block.pairs(), owned.pairs(), "{headers:?}");
         }
-        assert_eq!(block.len(), headers.len());
-        assert_eq!(block.pairs(), owned.pairs());
+        let split = HeaderBlock::copied(cases[1].iter().copied(), 0, 0);
         assert_eq!(
-            block.pairs().last(),
-            Some(&("bad\u{fffd}name", &b"\xfe\x00value"[..]))
+            split.pairs(),
+            [("a\u{fffd}", &b"1"[..]), ("\u{fffd}b", b"2"), ("ok", b"3")]
         );
         assert!(HeaderBlock::default().pairs().is_empty());
     }
