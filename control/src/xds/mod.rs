@@ -16,7 +16,8 @@
 //! Nothing here decides routing: the plan is computed elsewhere; this module only carries it to
 //! Envoy, in an order that never lets Envoy route to a cluster it does not have (clusters are
 //! added before the filter configuration that names them, and removed only after a filter
-//! configuration that no longer names them was accepted, and [`CLUSTER_LINGER`] later, while a
+//! configuration that no longer names them was accepted, and at least [`CLUSTER_LINGER`] later
+//! (longer for an Envoy whose requests may take longer, [`server::cluster_linger`]), while a
 //! request routed there before may still retry).
 
 pub mod delta;

@@ -56,7 +56,7 @@ pub struct Ads {
     /// `run --state-dir`: where a snapshot Envoy acknowledged completely is kept for its
     /// bootstrap's fallback ([`crate::envoy::fallback::write_acknowledged`]).
     acknowledged_dir: Option<PathBuf>,
-    /// How long a removed cluster stays ([`ServeOptions::cluster_linger`]).
+    /// How long a removed cluster stays at least ([`ServeOptions::cluster_linger`]).
     cluster_linger: Duration,
 }
 
@@ -85,7 +85,9 @@ pub struct ServeOptions {
     /// bootstrap's fallback ([`crate::envoy::fallback::write_acknowledged`]).
     pub acknowledged_dir: Option<PathBuf>,
     /// How long a cluster stays after Envoy holds a filter configuration that no longer names
-    /// it ([`DeltaStream::with_cluster_linger`]).
+    /// it ([`DeltaStream::with_cluster_linger`]), for an Envoy whose route timeout is at most
+    /// [`LINGER_COVERS`]; a stream whose Envoy advertises a longer one lingers as much longer
+    /// ([`cluster_linger`]).
     pub cluster_linger: Duration,
 }
 

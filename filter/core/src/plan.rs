@@ -1508,6 +1508,29 @@ mod tests {
         assert_eq!(body.bytes(&without), b"");
     }
 
+    /// `:method` and `:path` as text: borrowed when UTF-8, each bad sequence U+FFFD otherwise,
+    /// as `String::from_utf8_lossy` gives them.
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn lossy() {
+        for bytes in [
+            &b""[..],
+            b"/apis/apps/v1",
+            b"/caf\xc3\xa9",
+            b"/\xff/x",
+            b"\xc3",
+            b"a\xf0\x9f\x98",
+            b"\xed\xa0\x80",
+        ] {
+            let got = super::lossy(bytes);
+            assert_eq!(got, String::from_utf8_lossy(bytes), "{bytes:?}");
+            assert_eq!(
+                matches!(got, Cow::Borrowed(_)),
+                std::str::from_utf8(bytes).is_ok()
+            );
+        }
+    }
+
     /// A target gives back its four names, empty ones included, and reads as kube's messages
     /// name a group-version-resource.
     #[cfg_attr(not(target_arch = "wasm32"), test)]
