@@ -10,6 +10,10 @@
 //! that build is the floor for skewgate's native filter on a local GET, however cheap its own
 //! decisions were.
 //!
+//! Built with `--features read-floor` it reads the same headers and `:status` but writes
+//! nothing: the floor of a design in which Envoy routes a local GET without the filter setting
+//! the routing header (the client sends it in the benchmark, as for the empty build).
+//!
 //! The empty build reads no pointer Envoy passes, so has no `unsafe` block; `#[no_mangle]` is
 //! the only thing the `unsafe_code` lint would name, and it is what a dynamic module is. The
 //! design-floor build's calls into Envoy are in [`design_floor`], each with its invariant.
@@ -184,12 +188,14 @@ mod design_floor {
             index: usize,
             count: *mut usize,
         ) -> bool;
+        #[cfg(not(feature = "read-floor"))]
         fn envoy_dynamic_module_callback_http_set_header(
             filter: Ptr,
             map: c_int,
             name: ModuleBuffer,
             value: ModuleBuffer,
         ) -> bool;
+        #[cfg(not(feature = "read-floor"))]
         fn envoy_dynamic_module_callback_http_clear_route_cache(filter: Ptr);
     }
 
@@ -217,6 +223,7 @@ mod design_floor {
             let names: usize = views.iter().take(count).map(|h| h.key.length).sum();
             std::hint::black_box(names);
         }
+        #[cfg(not(feature = "read-floor"))]
         // SAFETY: both buffers are static; Envoy copies them.
         unsafe {
             envoy_dynamic_module_callback_http_set_header(
@@ -226,8 +233,11 @@ mod design_floor {
                 ModuleBuffer::of(b"skewgate-local-anonymous"),
             )
         };
+        #[cfg(not(feature = "read-floor"))]
         // SAFETY: `filter` is the stream's filter Envoy passed to this hook.
-        unsafe { envoy_dynamic_module_callback_http_clear_route_cache(filter) };
+        unsafe {
+            envoy_dynamic_module_callback_http_clear_route_cache(filter)
+        };
         CONTINUE
     }
 
