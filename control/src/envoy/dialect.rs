@@ -56,13 +56,13 @@ pub struct Negotiated {
 
 /// `dialect` as the bootstrap's node metadata.
 pub fn node_metadata(dialect: &FilterDialect) -> Struct {
-    let list = |values: Vec<Kind>| Value {
-        kind: Some(Kind::ListValue(ListValue {
+    let list = |values: Vec<Kind>| {
+        Kind::ListValue(ListValue {
             values: values
                 .into_iter()
                 .map(|kind| Value { kind: Some(kind) })
                 .collect(),
-        })),
+        })
     };
     let schemas = dialect
         .schemas
@@ -74,22 +74,36 @@ pub fn node_metadata(dialect: &FilterDialect) -> Struct {
         .iter()
         .map(|f| Kind::StringValue(f.name().to_string()))
         .collect();
+    under_key([(SCHEMAS_KEY, list(schemas)), (FEATURES_KEY, list(features))])
+}
+
+/// Node metadata with `fields` under [`METADATA_KEY`], where everything skewgate advertises
+/// sits (the bootstrap merges each part's into one).
+pub fn under_key<const N: usize>(fields: [(&str, Kind); N]) -> Struct {
+    let value = |kind| Value { kind: Some(kind) };
     let skewgate = Struct {
-        fields: [
-            (SCHEMAS_KEY.to_string(), list(schemas)),
-            (FEATURES_KEY.to_string(), list(features)),
-        ]
-        .into(),
+        fields: fields
+            .into_iter()
+            .map(|(key, kind)| (key.to_string(), value(kind)))
+            .collect(),
     };
     Struct {
-        fields: [(
-            METADATA_KEY.to_string(),
-            Value {
-                kind: Some(Kind::StructValue(skewgate)),
-            },
-        )]
-        .into(),
+        fields: [(METADATA_KEY.to_string(), value(Kind::StructValue(skewgate)))].into(),
     }
+}
+
+/// The value of `key` under [`METADATA_KEY`] in `node`'s metadata, if there is one (for a part
+/// that reads its own key leniently; [`negotiate`] tells a malformed `skewgate` apart).
+pub fn advertised<'n>(node: Option<&'n Node>, key: &str) -> Option<&'n Kind> {
+    let metadata = node?.metadata.as_ref()?;
+    let Some(Kind::StructValue(skewgate)) = metadata
+        .fields
+        .get(METADATA_KEY)
+        .and_then(|v| v.kind.as_ref())
+    else {
+        return None;
+    };
+    skewgate.fields.get(key).and_then(|v| v.kind.as_ref())
 }
 
 /// The dialect the filter behind `node` reads (the node of a stream's first request). Never

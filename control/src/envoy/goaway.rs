@@ -47,7 +47,7 @@ use envoy_types::pb::envoy::config::overload::v3::{
     Trigger,
 };
 use envoy_types::pb::envoy::extensions::resource_monitors::injected_resource::v3::InjectedResourceConfig;
-use envoy_types::pb::google::protobuf::{value, Duration as ProtoDuration, Struct, Value};
+use envoy_types::pb::google::protobuf::{value, Duration as ProtoDuration, Struct};
 use envoy_types::util::pack_any;
 
 use super::{checked_path, EnvoyError};
@@ -182,21 +182,7 @@ pub fn overload_manager(file: &Path) -> Result<OverloadManager, EnvoyError> {
 /// The node metadata that tells the control plane the configured chance (`skewgate:
 /// {goaway_chance: N}`), the value it writes back after "every connection".
 pub fn node_metadata(chance: GoawayChance) -> Struct {
-    let number = |n: f64| Value {
-        kind: Some(value::Kind::NumberValue(n)),
-    };
-    let skewgate = Struct {
-        fields: [(NODE_METADATA_KEY.to_string(), number(chance.value()))].into(),
-    };
-    Struct {
-        fields: [(
-            "skewgate".to_string(),
-            Value {
-                kind: Some(value::Kind::StructValue(skewgate)),
-            },
-        )]
-        .into(),
-    }
+    super::dialect::under_key([(NODE_METADATA_KEY, value::Kind::NumberValue(chance.value()))])
 }
 
 /// The chance a node's bootstrap configured ([`node_metadata`]), read leniently: anything but a
@@ -204,19 +190,7 @@ pub fn node_metadata(chance: GoawayChance) -> Struct {
 pub fn configured(
     node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
 ) -> Option<GoawayChance> {
-    let metadata = node?.metadata.as_ref()?;
-    let Some(value::Kind::StructValue(skewgate)) = metadata
-        .fields
-        .get("skewgate")
-        .and_then(|v| v.kind.as_ref())
-    else {
-        return None;
-    };
-    match skewgate
-        .fields
-        .get(NODE_METADATA_KEY)
-        .and_then(|v| v.kind.as_ref())
-    {
+    match super::dialect::advertised(node, NODE_METADATA_KEY) {
         Some(value::Kind::NumberValue(n)) => n.to_string().parse().ok(),
         _ => None,
     }

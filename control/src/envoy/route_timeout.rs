@@ -14,9 +14,9 @@
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct};
 
-use super::dialect::METADATA_KEY;
+use super::dialect;
 use super::REQUEST_TIMEOUT_MARGIN;
 
 /// The key of [`node_metadata`] under `skewgate`.
@@ -34,42 +34,16 @@ pub const fn of(request_timeout: Duration) -> Duration {
 
 /// `route_timeout` as the bootstrap's node metadata.
 pub fn node_metadata(route_timeout: Duration) -> Struct {
-    let skewgate = Struct {
-        fields: [(
-            NODE_METADATA_KEY.to_string(),
-            Value {
-                kind: Some(Kind::NumberValue(route_timeout.as_secs_f64())),
-            },
-        )]
-        .into(),
-    };
-    Struct {
-        fields: [(
-            METADATA_KEY.to_string(),
-            Value {
-                kind: Some(Kind::StructValue(skewgate)),
-            },
-        )]
-        .into(),
-    }
+    dialect::under_key([(
+        NODE_METADATA_KEY,
+        Kind::NumberValue(route_timeout.as_secs_f64()),
+    )])
 }
 
 /// The route timeout a node's bootstrap advertised ([`node_metadata`]), at most
 /// [`MAX_ROUTE_TIMEOUT`]; `None` without one, or for anything but a non-negative number.
 pub fn advertised(node: Option<&Node>) -> Option<Duration> {
-    let metadata = node?.metadata.as_ref()?;
-    let Some(Kind::StructValue(skewgate)) = metadata
-        .fields
-        .get(METADATA_KEY)
-        .and_then(|v| v.kind.as_ref())
-    else {
-        return None;
-    };
-    match skewgate
-        .fields
-        .get(NODE_METADATA_KEY)
-        .and_then(|v| v.kind.as_ref())
-    {
+    match dialect::advertised(node, NODE_METADATA_KEY) {
         // NaN fails `>= 0.0`; infinity is clamped.
         Some(Kind::NumberValue(seconds)) if *seconds >= 0.0 => Some(
             Duration::try_from_secs_f64(seconds.min(MAX_ROUTE_TIMEOUT.as_secs_f64()))
@@ -82,6 +56,8 @@ pub fn advertised(node: Option<&Node>) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envoy::dialect::METADATA_KEY;
+    use envoy_types::pb::google::protobuf::Value;
 
     fn node(skewgate: Option<Kind>) -> Node {
         Node {
