@@ -529,14 +529,31 @@ impl Tracker {
     }
 
     /// The watch failed at `now`: freeze liveness (the first failure counts) until
-    /// [`Tracker::watch_ok`].
+    /// [`Tracker::watch_resumed`].
     pub fn watch_failed(&mut self, now: Instant) {
         self.frozen_at.get_or_insert(now);
     }
 
-    /// The watch delivered an event again.
-    pub fn watch_ok(&mut self) {
-        self.frozen_at = None;
+    /// The watch delivers leases again at `now` (a change, or a complete re-list: not the start
+    /// of one, which kube-runtime announces before its list request, and whose list may fail).
+    /// The time it was frozen does not count against any lease: renewals could not be seen
+    /// then, so each lease has the rest of its grace it had when the watch failed. Without
+    /// that, a watch resumed after more than the grace would declare every peer dead until
+    /// its events arrived, one by one.
+    pub fn watch_resumed(&mut self, now: Instant) {
+        let Some(frozen_at) = self.frozen_at.take() else {
+            return;
+        };
+        let paused = now.saturating_duration_since(frozen_at);
+        for tracked in self.leases.values_mut() {
+            if let Some(observed) = &mut tracked.observed {
+                // Never later than now (a lease observed after the failure, if any), and
+                // unchanged if the sum does not fit in an Instant.
+                *observed = observed
+                    .checked_add(paused)
+                    .map_or(*observed, |shifted| shifted.min(now.max(*observed)));
+            }
+        }
     }
 
     pub fn config(&self) -> &PeerConfig {
@@ -1847,7 +1864,7 @@ mod tests {
         );
         assert_eq!(e.next_expiry, None);
         // Back at 100: the lease was renewed meanwhile (seen now)...
-        t.watch_ok();
+        t.watch_resumed(mono(100));
         t.apply(
             lease("apiserver-a", "a", Some(95), Some("10.0.0.1:1")),
             at(100),
@@ -1857,8 +1874,47 @@ mod tests {
         assert_eq!(ids(&e.set), ["apiserver-a"]);
         // ...or it was not: then it expires as usual.
         t.watch_failed(mono(101));
-        t.watch_ok();
+        t.watch_resumed(mono(101));
         assert!(t.evaluate(mono(200)).set.peers.is_empty());
+    }
+
+    /// A watch that comes back after more than the grace does not make every peer dead
+    /// before its renewals arrive: the outage is not counted, each lease keeps the rest of the
+    /// grace it had when the watch failed, and a lease not renewed since expires after that.
+    #[test]
+    fn the_time_a_watch_was_failing_does_not_count_against_a_lease() {
+        let mut t = synced(
+            config(&["10.0.0.0/8"]),
+            vec![
+                lease("apiserver-a", "a", Some(0), Some("10.0.0.1:1")),
+                lease("apiserver-b", "b", Some(0), Some("10.0.0.2:1")),
+            ],
+        );
+        // Both seen renewed at 0; the watch fails at 20 (10 s of their 30 s grace left).
+        t.watch_failed(mono(20));
+        // Back at 300 with a's renewal first: b's renewal is still on its way.
+        t.watch_resumed(mono(300));
+        t.apply(
+            lease("apiserver-a", "a", Some(299), Some("10.0.0.1:1")),
+            at(300),
+        );
+        let e = t.evaluate(mono(300));
+        assert!(!e.set.stale);
+        assert_eq!(ids(&e.set), ["apiserver-a", "apiserver-b"]);
+        assert_eq!(
+            e.next_expiry,
+            Some(Duration::from_millis(10_001)),
+            "b's rest"
+        );
+        assert_eq!(
+            ids(&t.evaluate(mono(310)).set),
+            ["apiserver-a", "apiserver-b"]
+        );
+        // b is never renewed: it expires 10 s after the watch came back.
+        assert_eq!(ids(&t.evaluate(mono(311)).set), ["apiserver-a"]);
+        // Resuming when nothing was frozen changes nothing.
+        t.watch_resumed(mono(400));
+        assert!(t.evaluate(mono(400)).set.peers.is_empty());
     }
 
     #[test]

@@ -96,14 +96,37 @@ impl Drop for PeerWatcher {
     }
 }
 
-fn apply_event(tracker: &mut Tracker, event: Event<IdentityLease>, at: Moment) {
-    match event {
-        Event::Init => tracker.begin_relist(),
-        Event::InitApply(l) => tracker.relist_apply(lease_info(&l)),
-        Event::InitDone => tracker.finish_relist(at),
-        Event::Apply(l) => tracker.apply(lease_info(&l), at),
-        Event::Delete(l) => tracker.delete(l.name()),
+/// One item of the lease watch, seen `at`. A failure freezes liveness; only what shows the
+/// watch works again thaws it: a change, or a complete re-list. kube-runtime announces a
+/// re-list (`Init`) before it sends the list request, so `Init` and a list's first pages
+/// prove nothing: the list may still fail, and until it completes the leases are as before
+/// the failure.
+fn on_watch_item(
+    tracker: &mut Tracker,
+    item: Result<Event<IdentityLease>, watcher::Error>,
+    at: Moment,
+) -> Result<(), watcher::Error> {
+    match item {
+        Ok(Event::Init) => tracker.begin_relist(),
+        Ok(Event::InitApply(l)) => tracker.relist_apply(lease_info(&l)),
+        Ok(Event::InitDone) => {
+            tracker.watch_resumed(at.mono);
+            tracker.finish_relist(at);
+        }
+        Ok(Event::Apply(l)) => {
+            tracker.watch_resumed(at.mono);
+            tracker.apply(lease_info(&l), at);
+        }
+        Ok(Event::Delete(l)) => {
+            tracker.watch_resumed(at.mono);
+            tracker.delete(l.name());
+        }
+        Err(e) => {
+            tracker.watch_failed(at.mono);
+            return Err(e);
+        }
     }
+    Ok(())
 }
 
 fn report(notice: &Notice, metrics: &PeerMetrics) {
@@ -228,14 +251,11 @@ pub async fn run(
         };
         tokio::select! {
             ev = events.next() => match ev {
-                Some(Ok(ev)) => {
-                    tracker.watch_ok();
-                    apply_event(&mut tracker, ev, Moment::now());
-                }
-                Some(Err(e)) => {
-                    metrics.watch_error();
-                    tracker.watch_failed(Instant::now());
-                    warn!(error = %e, "identity lease watch failed; retrying (peer liveness frozen meanwhile)");
+                Some(item) => {
+                    if let Err(e) = on_watch_item(&mut tracker, item, Moment::now()) {
+                        metrics.watch_error();
+                        warn!(error = %e, "identity lease watch failed; retrying (peer liveness frozen meanwhile)");
+                    }
                 }
                 None => {
                     warn!("identity lease watch ended");
@@ -273,5 +293,100 @@ mod tests {
             label_selector(),
             "apiserver.kubernetes.io/identity=kube-apiserver"
         );
+    }
+
+    /// Both clocks `secs` after one origin (the wall clock's is a fixed date).
+    fn at(secs: u64) -> Moment {
+        static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let offset = std::time::Duration::from_secs(secs);
+        Moment {
+            mono: *ORIGIN.get_or_init(Instant::now) + offset,
+            wall: std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000) + offset,
+        }
+    }
+
+    /// An identity Lease of `name` renewed at `secs`, as the apiserver serves it.
+    fn lease(name: &str, ip: &str, secs: u64) -> IdentityLease {
+        let renew = k8s_openapi::jiff::Timestamp::try_from(at(secs).wall)
+            .unwrap()
+            .to_string();
+        IdentityLease::from_value(serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": name,
+                "namespace": LEASE_NAMESPACE,
+                "labels": {IDENTITY_LABEL: IDENTITY_LABEL_VALUE},
+                "annotations": {PEER_ADVERTISE_ADDRESS_ANNOTATION: format!("{ip}:6443")},
+            },
+            "spec": {"holderIdentity": format!("{name}_1"), "renewTime": renew,
+                     "leaseDurationSeconds": 3600},
+        }))
+    }
+
+    fn peers(tracker: &mut Tracker, secs: u64) -> (Vec<String>, bool) {
+        let set = tracker.evaluate(at(secs).mono).set;
+        (set.peers.into_iter().map(|p| p.id).collect(), set.stale)
+    }
+
+    /// The events kube-runtime gives after an outage longer than the grace (a 410 on the watch,
+    /// or an apiserver down while it restarts): `Init` before each list request, lists that
+    /// fail, then one that completes. No peer is dropped on the way.
+    #[test]
+    fn a_relist_after_a_long_outage_drops_no_peer_before_it_completes() {
+        use super::super::address::{parse_cidr, AddressPolicy};
+        let config = PeerConfig {
+            policy: AddressPolicy::new(vec![parse_cidr("10.0.0.0/8").unwrap()], []),
+            ..PeerConfig::default()
+        };
+        let grace = config.grace.as_secs();
+        let mut tracker = Tracker::new(config);
+        let both = ["apiserver-a", "apiserver-b"].map(String::from).to_vec();
+        let list = |t: &mut Tracker, secs: u64| {
+            for item in [
+                Ok(Event::Init),
+                Ok(Event::InitApply(lease("apiserver-a", "10.0.0.1", secs))),
+                Ok(Event::InitApply(lease("apiserver-b", "10.0.0.2", secs))),
+                Ok(Event::InitDone),
+            ] {
+                on_watch_item(t, item, at(secs)).unwrap();
+            }
+        };
+        list(&mut tracker, 0);
+        assert_eq!(peers(&mut tracker, 1), (both.clone(), false));
+
+        // The watch fails at 5; kube-runtime retries with a re-list long after the grace.
+        let failed = |t: &mut Tracker, secs| {
+            let gone = Err(watcher::Error::NoResourceVersion);
+            assert!(on_watch_item(t, gone, at(secs)).is_err());
+        };
+        failed(&mut tracker, 5);
+        for retry in [grace * 3, grace * 4] {
+            on_watch_item(&mut tracker, Ok(Event::Init), at(retry)).unwrap();
+            assert_eq!(
+                peers(&mut tracker, retry),
+                (both.clone(), true),
+                "announced, not listed: still frozen"
+            );
+            // The list request itself fails.
+            failed(&mut tracker, retry + 1);
+            assert_eq!(peers(&mut tracker, retry + 1), (both.clone(), true));
+        }
+        // A list that completes: the leases were renewed meanwhile, both are live.
+        let back = grace * 5;
+        list(&mut tracker, back);
+        assert_eq!(peers(&mut tracker, back), (both.clone(), false));
+
+        // A watch resumed with the events it missed, one at a time: b is not dead before its
+        // own event arrives.
+        failed(&mut tracker, back + 1);
+        let later = back + grace * 3;
+        on_watch_item(
+            &mut tracker,
+            Ok(Event::Apply(lease("apiserver-a", "10.0.0.1", later))),
+            at(later),
+        )
+        .unwrap();
+        assert_eq!(peers(&mut tracker, later), (both.clone(), false));
     }
 }
