@@ -89,8 +89,8 @@ struct Document {
     error: Option<String>,
 }
 
-/// An ADS stream: the Envoy behind it, what its filter reads, how it gets its configuration
-/// (`crate::xds::metrics::StreamFilter`).
+/// An ADS stream: the Envoy behind it, what its filter reads, how it gets its configuration,
+/// the clusters it keeps after they left (`crate::xds::metrics::EnvoyStream`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct EnvoyStream {
@@ -101,6 +101,9 @@ struct EnvoyStream {
     features: Vec<String>,
     delivery: String,
     withheld: bool,
+    cluster_linger_seconds: f64,
+    lingering_clusters: usize,
+    clusters_removed_early: u64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -250,13 +253,14 @@ fn page(doc: &Document, now: SystemTime) -> Markup {
 }
 
 /// Each Envoy on an ADS stream and the filter configuration it gets: one whose filter cannot
-/// read it (more than a release apart) is sent none and keeps what it holds.
+/// read it (more than a release apart) is sent none and keeps what it holds. And the clusters
+/// it keeps after they left the snapshot, for requests routed there before that may retry.
 fn envoy_streams(streams: &[EnvoyStream]) -> Markup {
     let list = |items: Vec<String>| items.join(", ");
     html! {
         h2 { "Envoys and their filter's configuration dialect" }
         table #envoy-streams {
-            thead { tr { th { "Envoy (ADS stream)" } th { "its filter reads" } th { "filter configuration" } } }
+            thead { tr { th { "Envoy (ADS stream)" } th { "its filter reads" } th { "filter configuration" } th { "removed clusters" } } }
             tbody {
                 @for s in streams {
                     tr {
@@ -270,6 +274,13 @@ fn envoy_streams(streams: &[EnvoyStream]) -> Markup {
                             td { span.badge.bad { "withheld" } " " (s.delivery) }
                         } @else {
                             td { (s.delivery) }
+                        }
+                        td {
+                            "linger " (seconds(s.cluster_linger_seconds)) "; "
+                            (s.lingering_clusters) " lingering"
+                            @if s.clusters_removed_early > 0 {
+                                " " span.badge.bad { (s.clusters_removed_early) " removed early" }
+                            }
                         }
                     }
                 }
@@ -481,8 +492,24 @@ fn remaining(unix_seconds: u64, now: SystemTime) -> String {
         .map(|d| d.as_secs())
         .unwrap_or_default();
     match unix_seconds.checked_sub(now) {
-        Some(s) if s > 0 => format!("(in {}m {:02}s)", s / 60, s % 60),
+        Some(s) if s > 0 => format!("(in {})", minutes(s)),
         _ => "(now)".to_string(),
+    }
+}
+
+/// A whole number of seconds as minutes and seconds: `5m 10s`.
+fn minutes(seconds: u64) -> String {
+    format!("{}m {:02}s", seconds / 60, seconds % 60)
+}
+
+/// A duration the document gives in seconds (a number from our own JSON, still checked):
+/// whole seconds, `?` for anything that is not a duration.
+fn seconds(value: f64) -> String {
+    if value.is_finite() && value >= 0.0 {
+        // Saturating: `as` clamps a float too large for u64.
+        minutes(value as u64)
+    } else {
+        "?".to_string()
     }
 }
 
@@ -552,10 +579,13 @@ mod tests {
             },
             "envoy_streams": [
                 {"stream": 3, "node": "envoy-a", "advertised": "advertised", "schemas": [1],
-                 "features": [], "delivery": "as rendered", "withheld": false},
+                 "features": [], "delivery": "as rendered", "withheld": false,
+                 "cluster_linger_seconds": 90.0, "lingering_clusters": 2,
+                 "clusters_removed_early": 0},
                 {"stream": 4, "node": hostile, "advertised": hostile, "schemas": [2, 3],
                  "features": [hostile], "delivery": "withheld: the filter reads configuration schemas {2, 3}, this configuration can be written in {1} only",
-                 "withheld": true},
+                 "withheld": true, "cluster_linger_seconds": 310.5, "lingering_clusters": 300,
+                 "clusters_removed_early": 7},
             ],
         })
     }
@@ -593,6 +623,14 @@ mod tests {
         assert!(page.contains("schemas 2, 3"), "{page}");
         assert!(
             page.contains("<span class=\"badge bad\">withheld</span> withheld: the filter reads configuration schemas {2, 3}"),
+            "{page}"
+        );
+        // How long each Envoy's removed clusters linger, and early removals marked.
+        assert!(page.contains("linger 1m 30s; 2 lingering</td>"), "{page}");
+        assert!(
+            page.contains(
+                "linger 5m 10s; 300 lingering <span class=\"badge bad\">7 removed early</span>"
+            ),
             "{page}"
         );
         // Self-contained: no script, no external asset.

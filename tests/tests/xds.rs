@@ -411,6 +411,24 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
         envoy.admin("/clusters").await?.contains(&peer_cluster),
         "{peer_cluster} lingers"
     );
+    // The server shows it lingering (with the other clusters of that peer set), and for how
+    // long it will (the node's route timeout).
+    let linger = LINGER + LONGER_REQUESTS;
+    wait_until(
+        "the server counts the peer cluster lingering",
+        Duration::from_secs(2),
+        || metrics2.lingering_clusters() > 0,
+    )
+    .await?;
+    let streams = metrics2.envoy_streams();
+    assert_eq!(
+        streams
+            .iter()
+            .map(|s| s.cluster_linger_seconds)
+            .collect::<Vec<_>>(),
+        [linger.as_secs_f64()],
+        "{streams:?}"
+    );
     wait_until(
         "the peer cluster is removed",
         Duration::from_secs(20),
@@ -428,7 +446,6 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
     // with it; it lasts longer by as much as this Envoy's requests may take longer (its node
     // says so).
     let lingered = routed_local.elapsed();
-    let linger = LINGER + LONGER_REQUESTS;
     eprintln!("(e) {peer_cluster} was removed {lingered:?} after Envoy routed without it");
     assert!(
         lingered + Duration::from_millis(500) >= linger,
@@ -436,6 +453,13 @@ async fn live_control_plane_over_delta_ads() -> Result<()> {
     );
     assert_eq!((metrics2.responses(ECDS), metrics2.responses(CDS)), (1, 1));
     assert_eq!(metrics2.nacks(ECDS) + metrics2.nacks(CDS), 0);
+    wait_until(
+        "the server counts no cluster lingering",
+        Duration::from_secs(5),
+        || metrics2.lingering_clusters() == 0,
+    )
+    .await?;
+    assert_eq!(metrics2.clusters_removed_early(), 0, "it lingered its time");
     assert_eq!(get(&envoy, DEPLOYMENTS).await?, (200, "apiserver-a".into()));
 
     server2.stop().await?;
@@ -583,7 +607,7 @@ async fn the_filter_configuration_goes_only_to_an_envoy_whose_filter_reads_it() 
         "the clusters were sent"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let filters = metrics.stream_filters();
+    let filters = metrics.envoy_streams();
     let by_node = |node: &str| {
         filters
             .iter()

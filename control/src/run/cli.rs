@@ -315,7 +315,7 @@ fn health_endpoints(config: &RunConfig, metrics: &Metrics, status: &Arc<Status>)
             if let Some(doc) = doc.as_object_mut() {
                 doc.insert(
                     "envoy_streams".to_string(),
-                    serde_json::to_value(xs.stream_filters()).unwrap_or_default(),
+                    serde_json::to_value(xs.envoy_streams()).unwrap_or_default(),
                 );
             }
             doc

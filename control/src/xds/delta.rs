@@ -80,6 +80,8 @@ struct TypeState {
     /// Held names the snapshot no longer has, since when they may go (the client holds a
     /// filter configuration that no longer names them): clusters linger before removal.
     unreferenced: BTreeMap<String, Instant>,
+    /// Names removed before their linger was over because too many lingered.
+    removed_early: u64,
 }
 
 impl TypeState {
@@ -136,8 +138,19 @@ impl TypeState {
         // past the cap the longest-lingering go now.
         waiting.sort();
         let excess = waiting.len().saturating_sub(MAX_LINGERING_CLUSTERS);
+        self.removed_early = self.removed_early.saturating_add(excess as u64);
         due.extend(waiting.into_iter().take(excess).map(|(_, name)| name));
         due
+    }
+
+    /// Held names the snapshot no longer has, waiting for their linger (not yet on their way
+    /// out in a response).
+    fn lingering(&self) -> usize {
+        let leaving = self.in_flight.as_ref().map_or(&[][..], |f| &f.removed[..]);
+        self.unreferenced
+            .keys()
+            .filter(|name| !leaving.contains(name))
+            .count()
     }
 
     /// The client holds exactly the snapshot's resources of this type.
@@ -187,6 +200,23 @@ impl DeltaStream {
 
     pub fn cluster_linger(&self) -> Duration {
         self.cluster_linger
+    }
+
+    /// Clusters the snapshot no longer has that the client still holds, waiting for their
+    /// linger.
+    pub fn lingering_clusters(&self) -> usize {
+        self.types
+            .get(CLUSTER_TYPE_URL)
+            .map_or(0, TypeState::lingering)
+    }
+
+    /// Clusters removed before their linger was over, because more than
+    /// [`MAX_LINGERING_CLUSTERS`] lingered: a retry of a request routed to one of them before
+    /// finds no cluster.
+    pub fn clusters_removed_early(&self) -> u64 {
+        self.types
+            .get(CLUSTER_TYPE_URL)
+            .map_or(0, |cds| cds.removed_early)
     }
 
     /// When the next lingering cluster's removal falls due for `snapshot`, if one waits on
@@ -692,6 +722,7 @@ mod tests {
         let acked = t0() + Duration::from_secs(5);
         st.on_request(&ack(&r));
         assert_eq!(st.next_response(acked, Some(&s2)), None, "b lingers");
+        assert_eq!(st.lingering_clusters(), 1);
         assert_eq!(st.next_removal(Some(&s2)), Some(acked + LINGER));
         let almost = acked + LINGER - Duration::from_millis(1);
         assert_eq!(st.next_response(almost, Some(&s2)), None, "b still lingers");
@@ -699,6 +730,7 @@ mod tests {
             .next_response(acked + LINGER, Some(&s2))
             .expect("removal");
         assert_eq!(shape(&r), (CDS, vec![], vec!["peers-b"]));
+        assert_eq!(st.lingering_clusters(), 0, "on its way out");
         assert_eq!(
             st.next_removal(Some(&s2)),
             None,
@@ -706,6 +738,10 @@ mod tests {
         );
         st.on_request(&ack(&r));
         assert_eq!(st.next_removal(Some(&s2)), None);
+        assert_eq!(
+            (st.lingering_clusters(), st.clusters_removed_early()),
+            (0, 0)
+        );
         assert!(!st.held(CDS).expect("cds").contains_key("peers-b"));
 
         // c leaves, comes back within its linger, leaves again: its time starts afresh.
@@ -796,6 +832,8 @@ mod tests {
             names[..5].to_vec(),
             "the five that left first went early, oldest first"
         );
+        assert_eq!(st.clusters_removed_early(), 5);
+        assert_eq!(st.lingering_clusters(), MAX_LINGERING_CLUSTERS);
     }
 
     /// After a response that is not due, the stream never asks to be woken in the past: a

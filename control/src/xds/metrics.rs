@@ -13,13 +13,18 @@
 //!   (docs/ARCHITECTURE.md, "skewgate's own upgrades"); `skewgate_xds_incompatible_filter_total`:
 //!   how many times a stream started withholding it.
 //!
-//! Besides the counters, what each open stream's filter reads and how it gets its
-//! configuration ([`StreamFilter`]), for `/readyz` and `/debug/skew`.
+//! - `skewgate_xds_lingering_clusters`: clusters the snapshot no longer has that Envoys still
+//!   hold for their linger (a retry of a request routed there before may still need them);
+//!   `skewgate_xds_clusters_removed_early_total`: clusters removed before their linger was over
+//!   because too many lingered on one stream.
+//!
+//! Besides the counters, what each open stream's filter reads, how it gets its configuration
+//! and how long its removed clusters linger ([`EnvoyStream`]), for `/readyz` and `/debug/skew`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use skewgate_core::config::FilterFeature;
@@ -31,10 +36,10 @@ use crate::metrics::{unix_seconds, Families};
 /// The longest node id shown (Envoy's node id is the bootstrap's, but it comes over a socket).
 const MAX_NODE_ID: usize = 253;
 
-/// What one open stream's filter reads and how it gets its configuration, as `/debug/skew`
-/// shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct StreamFilter {
+/// One open ADS stream as `/debug/skew` shows it: the Envoy behind it, what its filter reads,
+/// how it gets its configuration, and the clusters it keeps after they left the snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EnvoyStream {
     pub stream: u64,
     /// Envoy's node id, printable ASCII only, at most 253 characters.
     pub node: String,
@@ -47,11 +52,17 @@ pub struct StreamFilter {
     /// snapshot.
     pub delivery: String,
     pub withheld: bool,
+    /// How long a cluster this stream removes stays first (the node's route timeout decides).
+    pub cluster_linger_seconds: f64,
+    /// Clusters the snapshot no longer has that this Envoy holds for their linger now.
+    pub lingering_clusters: usize,
+    /// Clusters removed from this Envoy before their linger was over (too many lingered).
+    pub clusters_removed_early: u64,
 }
 
-impl StreamFilter {
+impl EnvoyStream {
     fn new(stream: u64, node: &str, negotiated: &Negotiated) -> Self {
-        StreamFilter {
+        EnvoyStream {
             stream,
             node: node
                 .chars()
@@ -72,6 +83,9 @@ impl StreamFilter {
                 .collect(),
             delivery: String::new(),
             withheld: false,
+            cluster_linger_seconds: 0.0,
+            lingering_clusters: 0,
+            clusters_removed_early: 0,
         }
     }
 }
@@ -97,8 +111,10 @@ pub struct XdsMetrics {
     streams: AtomicI64,
     last_nack: Mutex<Option<(String, String)>>,
     incompatible_total: AtomicU64,
+    /// Clusters removed before their linger was over, on every stream since start.
+    removed_early_total: AtomicU64,
     /// By stream id; only open streams that sent their first request.
-    filters: Mutex<BTreeMap<u64, StreamFilter>>,
+    streams_by_id: Mutex<BTreeMap<u64, EnvoyStream>>,
     /// Streams opened since start (an Envoy that reconnects opens a new one).
     opened: AtomicU64,
     /// The `--goaway-chance` the latest stream's bootstrap configured (its node metadata).
@@ -168,25 +184,25 @@ impl XdsMetrics {
 
     pub(crate) fn stream_closed(&self, stream: u64) {
         self.streams.fetch_sub(1, Ordering::Relaxed);
-        if let Ok(mut filters) = self.filters.lock() {
-            filters.remove(&stream);
+        if let Ok(mut streams) = self.streams_by_id.lock() {
+            streams.remove(&stream);
         }
     }
 
     /// A stream's first request said what its filter reads.
     pub(crate) fn negotiated(&self, stream: u64, node: &str, negotiated: &Negotiated) {
-        if let Ok(mut filters) = self.filters.lock() {
-            filters.insert(stream, StreamFilter::new(stream, node, negotiated));
+        if let Ok(mut streams) = self.streams_by_id.lock() {
+            streams.insert(stream, EnvoyStream::new(stream, node, negotiated));
         }
     }
 
     /// How a stream's filter gets the current snapshot's configuration (called when that
     /// changes). Counts a stream that starts withholding it.
     pub(crate) fn delivery(&self, stream: u64, delivery: &FilterDelivery) {
-        let Ok(mut filters) = self.filters.lock() else {
+        let Ok(mut streams) = self.streams_by_id.lock() else {
             return;
         };
-        let Some(filter) = filters.get_mut(&stream) else {
+        let Some(filter) = streams.get_mut(&stream) else {
             return;
         };
         let withheld = matches!(delivery, FilterDelivery::Withheld(_));
@@ -208,9 +224,46 @@ impl XdsMetrics {
         };
     }
 
-    /// What each open stream's filter reads and how it gets its configuration.
-    pub fn stream_filters(&self) -> Vec<StreamFilter> {
-        self.filters
+    /// A stream's removed clusters: how long they linger, how many do now, and how many it
+    /// removed early so far (a running total: only its growth is counted). Returns that
+    /// growth.
+    pub(crate) fn clusters_kept(
+        &self,
+        stream: u64,
+        linger: Duration,
+        lingering: usize,
+        removed_early: u64,
+    ) -> u64 {
+        let Ok(mut streams) = self.streams_by_id.lock() else {
+            return 0;
+        };
+        let Some(s) = streams.get_mut(&stream) else {
+            return 0;
+        };
+        let grown = removed_early.saturating_sub(s.clusters_removed_early);
+        self.removed_early_total.fetch_add(grown, Ordering::Relaxed);
+        s.cluster_linger_seconds = linger.as_secs_f64();
+        s.lingering_clusters = lingering;
+        s.clusters_removed_early = removed_early;
+        grown
+    }
+
+    /// `skewgate_xds_lingering_clusters`: summed over the open streams.
+    pub fn lingering_clusters(&self) -> usize {
+        self.streams_by_id
+            .lock()
+            .map(|f| f.values().map(|s| s.lingering_clusters).sum())
+            .unwrap_or_default()
+    }
+
+    /// `skewgate_xds_clusters_removed_early_total`.
+    pub fn clusters_removed_early(&self) -> u64 {
+        self.removed_early_total.load(Ordering::Relaxed)
+    }
+
+    /// Every open stream: its Envoy, what its filter reads, how it gets its configuration.
+    pub fn envoy_streams(&self) -> Vec<EnvoyStream> {
+        self.streams_by_id
             .lock()
             .map(|f| f.values().cloned().collect())
             .unwrap_or_default()
@@ -218,7 +271,7 @@ impl XdsMetrics {
 
     /// Open streams whose filter configuration is withheld.
     pub fn incompatible_streams(&self) -> usize {
-        self.filters
+        self.streams_by_id
             .lock()
             .map(|f| f.values().filter(|s| s.withheld).count())
             .unwrap_or_default()
@@ -231,7 +284,7 @@ impl XdsMetrics {
 
     /// A line for `/readyz` per stream whose filter configuration is withheld.
     pub fn readiness_notes(&self) -> Vec<String> {
-        self.stream_filters()
+        self.envoy_streams()
             .into_iter()
             .filter(|s| s.withheld)
             .map(|s| {
@@ -338,6 +391,16 @@ impl XdsMetrics {
             "Times an ADS stream started withholding the filter configuration from a filter that cannot read it.",
             self.incompatible_total(),
         );
+        f.gauge(
+            "skewgate_xds_lingering_clusters",
+            "Clusters the snapshot no longer has that Envoys still hold for their linger (a retry of a request routed there before may need them).",
+            self.lingering_clusters() as f64,
+        );
+        f.counter(
+            "skewgate_xds_clusters_removed_early_total",
+            "Clusters removed from an Envoy before their linger was over, because too many lingered on its stream.",
+            self.clusters_removed_early(),
+        );
         f
     }
 }
@@ -425,7 +488,7 @@ mod tests {
             "{notes:?}"
         );
         assert!(notes[0].contains("schemas {7}"), "{notes:?}");
-        let shown = m.stream_filters();
+        let shown = m.envoy_streams();
         assert_eq!(shown.len(), 2);
         assert_eq!(shown[1].advertised, "nothing");
         assert_eq!(shown[1].delivery, "as rendered");
@@ -439,7 +502,50 @@ mod tests {
         m.stream_closed(1);
         m.stream_closed(2);
         assert_eq!((m.incompatible_streams(), m.streams()), (0, 0));
-        assert!(m.stream_filters().is_empty());
+        assert!(m.envoy_streams().is_empty());
         assert!(m.readiness_notes().is_empty());
+    }
+
+    /// The gauge sums the open streams' lingering clusters; the counter counts each early
+    /// removal once, however often a stream reports its running total, and keeps it after the
+    /// stream closes.
+    #[test]
+    fn lingering_clusters_are_summed_and_early_removals_counted_once() {
+        let m = XdsMetrics::new();
+        let negotiated = Negotiated {
+            dialect: skewgate_core::config::FilterDialect::unadvertised(),
+            advertised: Advertised::Nothing,
+        };
+        m.negotiated(1, "envoy-a", &negotiated);
+        m.negotiated(2, "envoy-b", &negotiated);
+        let linger = Duration::from_secs(90);
+        let later = Duration::from_millis(310_500);
+        assert_eq!(m.clusters_kept(1, linger, 3, 0), 0);
+        assert_eq!(m.clusters_kept(2, later, 300, 4), 4);
+        assert_eq!(m.clusters_kept(2, later, 300, 4), 0, "the same total again");
+        assert_eq!(m.clusters_kept(2, later, 298, 6), 2);
+        // A stream that never said what it reads is not shown, and counts nothing.
+        assert_eq!(m.clusters_kept(9, linger, 50, 50), 0);
+        assert_eq!(
+            (m.lingering_clusters(), m.clusters_removed_early()),
+            (301, 6)
+        );
+        let shown = m.envoy_streams();
+        assert_eq!(shown[1].cluster_linger_seconds, 310.5);
+        assert_eq!(
+            (shown[1].lingering_clusters, shown[1].clusters_removed_early),
+            (298, 6)
+        );
+        let text = crate::metrics::encode(&m.families());
+        assert!(
+            text.contains("skewgate_xds_lingering_clusters 301\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("skewgate_xds_clusters_removed_early_total 6\n"),
+            "{text}"
+        );
+        m.stream_closed(2);
+        assert_eq!((m.lingering_clusters(), m.clusters_removed_early()), (3, 6));
     }
 }

@@ -272,6 +272,7 @@ impl StreamTask {
                     return "client went away".into();
                 }
             }
+            self.report_lingering();
             // A lingering cluster's removal falls due without any event.
             let removal = self.state.next_removal(snapshot.as_deref());
             tokio::select! {
@@ -388,6 +389,26 @@ impl StreamTask {
 }
 
 impl StreamTask {
+    /// Tells the metrics how many removed clusters this stream keeps, and warns when some had
+    /// to go before their linger was over.
+    fn report_lingering(&self) {
+        let early = self.metrics.clusters_kept(
+            self.id,
+            self.state.cluster_linger(),
+            self.state.lingering_clusters(),
+            self.state.clusters_removed_early(),
+        );
+        if early > 0 {
+            tracing::warn!(
+                stream = self.id,
+                removed_early = early,
+                "more clusters lingered than a stream keeps: the longest-lingering were removed \
+                 before their linger was over (a retry of a request routed to one of them \
+                 before finds no cluster and is answered 503)"
+            );
+        }
+    }
+
     /// Once Envoy holds every resource of the current snapshot (both types ACKed at the
     /// snapshot's versions), keep its fallback record: what the bootstrap serves if this Envoy
     /// restarts while the control plane is missing. A failure to write is logged; the previous
