@@ -5,7 +5,9 @@
 //! 1. the operator's mapping (`--peer-address lease/<lease-name>=ip:port` or
 //!    `--peer-address host/<hostname>=ip:port`, a lease-name entry beating a hostname entry).
 //!    It is the operator's explicit word, so it wins over whatever the lease says and it is not
-//!    filtered by the CIDRs (it was validated when the flag was parsed);
+//!    filtered by the CIDRs (it was validated when the flag was parsed). A `host/` entry is for
+//!    the lease kube-apiserver names after that host, not for any lease whose hostname label
+//!    claims it;
 //! 2. the lease's `kubernetes.io/peer-advertise-address` annotation (`ip:port`, IPv6 in
 //!    brackets). Anyone who can write Leases in `kube-system` can write it, so it is accepted
 //!    only when it is a unicast IP literal with a port inside one of the operator-configured
@@ -21,6 +23,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 
 use ipnet::IpNet;
+
+use super::model::identity_lease_name;
 
 /// The lease annotation that carries an apiserver's peer address.
 pub const PEER_ADVERTISE_ADDRESS_ANNOTATION: &str = "kubernetes.io/peer-advertise-address";
@@ -243,6 +247,12 @@ impl AddressPolicy {
     }
 
     /// The address of one lease: mapping by lease name, then by hostname, then the annotation.
+    ///
+    /// A hostname mapping is for the lease kube-apiserver names after that host
+    /// ([`identity_lease_name`]) and no other: the hostname label is whatever the Lease writer
+    /// put there, and a mapped address ranks first for `--max-peers`, so leases claiming a
+    /// mapped host under other names could push known peers out. They fall back to their
+    /// annotation, as any lease.
     pub fn resolve(
         &self,
         lease_name: &str,
@@ -252,7 +262,12 @@ impl AddressPolicy {
         if let Some(a) = self.by_lease.get(lease_name) {
             return Ok((*a, AddressSource::MappingByLease));
         }
-        if let Some(a) = hostname.and_then(|h| self.by_hostname.get(h)) {
+        let mapped = hostname.and_then(|h| {
+            self.by_hostname
+                .get(h)
+                .filter(|_| identity_lease_name(h) == lease_name)
+        });
+        if let Some(a) = mapped {
             return Ok((*a, AddressSource::MappingByHostname));
         }
         match annotation {
@@ -412,18 +427,33 @@ mod tests {
             p.resolve("apiserver-a", Some("cp-a"), ann),
             Ok((sa("10.1.0.1:1"), MappingByLease))
         );
+        let cp_a = identity_lease_name("cp-a");
         assert_eq!(
-            p.resolve("apiserver-x", Some("cp-a"), ann),
+            p.resolve(&cp_a, Some("cp-a"), ann),
             Ok((sa("10.2.0.1:2"), MappingByHostname))
         );
         assert_eq!(
             p.resolve("apiserver-x", Some("cp-z"), ann),
             Ok((sa("10.3.0.1:3"), Annotation))
         );
+        // Another lease claiming a mapped host is not that host's apiserver: its annotation
+        // decides, as for any lease.
+        assert_eq!(
+            p.resolve("apiserver-x", Some("cp-a"), ann),
+            Ok((sa("10.3.0.1:3"), Annotation))
+        );
+        assert_eq!(
+            p.resolve(&identity_lease_name("cp-b"), Some("cp-a"), None),
+            Err(RejectReason::Missing)
+        );
         // The mapping is the operator's word: not filtered by the CIDRs, and it replaces a
         // hostile annotation.
         assert_eq!(
-            p.resolve("apiserver-x", Some("cp-b"), Some("evil.com:443")),
+            p.resolve(
+                &identity_lease_name("cp-b"),
+                Some("cp-b"),
+                Some("evil.com:443")
+            ),
             Ok((sa("192.0.2.1:3"), MappingByHostname))
         );
         assert_eq!(

@@ -1391,32 +1391,94 @@ mod tests {
         assert_eq!(t.evaluate(mono(14)).notices.len(), 1);
     }
 
+    /// The lease kube-apiserver on `host` writes: named after the host.
+    fn lease_of_host(host: &str, renew: Option<u64>, addr: Option<&str>) -> LeaseInfo {
+        LeaseInfo {
+            hostname: Some(host.into()),
+            ..lease(&identity_lease_name(host), host, renew, addr)
+        }
+    }
+
     #[test]
     fn no_cidrs_refuses_every_annotation_but_not_the_mapping() {
         let mut cfg = config(&[]);
         cfg.policy = AddressPolicy::new(
             vec![],
             [MappingEntry::ByHostname(
-                "host-apiserver-b".into(),
+                "cp-b".into(),
                 "10.9.9.9:6444".parse().unwrap(),
             )],
         );
+        let b_name = identity_lease_name("cp-b");
         let mut t = synced(
             cfg,
             vec![
                 lease("apiserver-a", "a", Some(0), Some("10.0.0.1:6443")),
-                lease("apiserver-b", "b", Some(0), Some("10.0.0.2:6443")),
+                lease_of_host("cp-b", Some(0), Some("10.0.0.2:6443")),
             ],
         );
         let e = t.evaluate(mono(1));
-        assert_eq!(ids(&e.set), ["apiserver-b"]);
-        let b = e.set.peer("apiserver-b").unwrap();
+        assert_eq!(ids(&e.set), [b_name.as_str()]);
+        let b = e.set.peer(&b_name).unwrap();
         assert_eq!(b.address, "10.9.9.9:6444".parse().unwrap());
         assert_eq!(b.address_source, AddressSource::MappingByHostname);
         assert_eq!(
             e.set.excluded("apiserver-a").unwrap().reason,
             Exclusion::Address(RejectReason::NoCidrs)
         );
+    }
+
+    /// Leases that claim a mapped host under names of their own do not get its address, so
+    /// they cannot take the places the mapping ranks first and push a known peer over
+    /// `--max-peers`.
+    #[test]
+    fn leases_claiming_a_mapped_host_do_not_push_known_peers_out() {
+        let mut cfg = config(&["10.0.0.0/24"]);
+        cfg.max_peers = 2;
+        cfg.policy = AddressPolicy::new(
+            vec![parse_cidr("10.0.0.0/24").unwrap()],
+            [MappingEntry::ByHostname(
+                "cp-2".into(),
+                "10.0.0.2:6443".parse().unwrap(),
+            )],
+        );
+        let mut t = synced(
+            cfg,
+            vec![
+                lease_of_host("cp-2", Some(0), None),
+                lease_of_host("cp-3", Some(0), Some("10.0.0.3:6443")),
+            ],
+        );
+        let (cp2, cp3) = (identity_lease_name("cp-2"), identity_lease_name("cp-3"));
+        let mut known = vec![cp2.clone(), cp3.clone()];
+        known.sort();
+        assert_eq!(ids(&t.evaluate(mono(1)).set), known);
+        // Later, fakes claiming cp-2, without an annotation and with one inside the CIDRs.
+        for (i, addr) in [None, Some("10.0.0.2:6443"), Some("10.0.0.9:6443")]
+            .into_iter()
+            .enumerate()
+        {
+            t.apply(
+                LeaseInfo {
+                    hostname: Some("cp-2".into()),
+                    ..lease(&format!("apiserver-f{i}"), "f", Some(5), addr)
+                },
+                at(5),
+            );
+        }
+        let e = t.evaluate(mono(6));
+        assert_eq!(ids(&e.set), known, "the known peers keep their places");
+        assert_eq!(
+            e.set.peer(&cp2).unwrap().address_source,
+            AddressSource::MappingByHostname
+        );
+        assert_eq!(
+            e.set.excluded("apiserver-f0").unwrap().reason,
+            Exclusion::Address(RejectReason::Missing)
+        );
+        for fake in ["apiserver-f1", "apiserver-f2"] {
+            assert_eq!(e.set.excluded(fake).unwrap().reason, Exclusion::OverCap);
+        }
     }
 
     #[test]
