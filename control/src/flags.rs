@@ -78,8 +78,14 @@ impl Scheme {
     }
 }
 
+/// The longest duration a flag takes (about 31 years): any longer is a typo, and one near
+/// `u64::MAX` seconds would overflow the arithmetic on instants that every duration flag
+/// feeds (a panic in a long-running task).
+const MAX_DURATION_SECONDS: u64 = 1_000_000_000;
+
 /// A duration the way kube-apiserver's flags take it (Go's `time.ParseDuration`: `60s`,
-/// `1m0s`, `1m30s`, `500ms`, `1h`), or a bare number of seconds.
+/// `1m0s`, `1m30s`, `500ms`, `1h`), or a bare number of seconds; at most
+/// [`MAX_DURATION_SECONDS`].
 pub fn parse_duration(s: &str) -> Result<Duration, FlagError> {
     let s = s.trim();
     let bad = || FlagError::value(s, "not a duration (like 30s, 1m0s, 500ms, or seconds)");
@@ -87,7 +93,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, FlagError> {
         return Err(bad());
     }
     if s.bytes().all(|b| b.is_ascii_digit()) {
-        return s.parse::<u64>().map(Duration::from_secs).map_err(|_| bad());
+        return match s.parse::<u64>() {
+            Ok(secs) if secs <= MAX_DURATION_SECONDS => Ok(Duration::from_secs(secs)),
+            _ => Err(too_long(s)),
+        };
     }
     let mut total = 0f64;
     let mut rest = s;
@@ -115,10 +124,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, FlagError> {
         total += number * scale;
         rest = &rest[unit_end..];
     }
-    if !total.is_finite() || total > 1e9 {
-        return Err(bad());
+    if !total.is_finite() || total > MAX_DURATION_SECONDS as f64 {
+        return Err(too_long(s));
     }
     Ok(Duration::from_secs_f64(total))
+}
+
+fn too_long(s: &str) -> FlagError {
+    FlagError::value(
+        s,
+        format!("longer than the longest duration taken ({MAX_DURATION_SECONDS} seconds)"),
+    )
 }
 
 /// An apiserver's or a peer port's `host:port` (the port must be given).
@@ -500,6 +516,22 @@ mod tests {
         }
         for bad in ["", "s", "1x", "-1s", "1 s", "1m s", "ms5", "1e3s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        // Bounded either way it is written: a bare number of seconds too (one near u64::MAX
+        // panicked later, adding it to an instant).
+        assert_eq!(
+            parse_duration("1000000000"),
+            Ok(Duration::from_secs(1_000_000_000))
+        );
+        for too_long in [
+            "1000000001",
+            "18446744073709551615",
+            "99999999999999999999999",
+            "1000000001s",
+            "300000h",
+        ] {
+            let e = parse_duration(too_long).expect_err(too_long).to_string();
+            assert!(e.contains("longer than the longest duration"), "{e}");
         }
     }
 

@@ -137,15 +137,25 @@ impl StateDir {
                     continue;
                 }
             };
+            // A time no clock can hold (a file written by hand, or damaged) is not one: the
+            // entry is kept as not departed, and a departure found now starts its window.
+            let left_at = stored
+                .left_at
+                .and_then(|secs| UNIX_EPOCH.checked_add(Duration::from_secs(secs)));
+            if stored.left_at.is_some() && left_at.is_none() {
+                loaded.problems.push(format!(
+                    "{}: left_at {:?} is no time; taken as not departed",
+                    path.display(),
+                    stored.left_at
+                ));
+            }
             let entry = Entry {
                 documents: Arc::new(DiscoveryDocuments {
                     apis: stored.apis,
                     api: stored.api,
                     openapi: None,
                 }),
-                left_at: stored
-                    .left_at
-                    .map(|secs| UNIX_EPOCH + Duration::from_secs(secs)),
+                left_at,
                 first_seen: stored.first_seen_unix_nanos.map(FirstSeen),
                 address: None,
             };
@@ -356,6 +366,36 @@ mod tests {
             .expect("list")
             .count();
         assert_eq!(files, max_entries(4), "the others deleted");
+    }
+
+    /// A `left_at` no clock can hold (here u64::MAX seconds) panicked while the directory was
+    /// read, so the control plane could not start; now the entry is kept, as not departed.
+    #[test]
+    fn a_departure_time_out_of_any_clock_is_reported_and_the_entry_kept() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("state");
+        let state = StateDir::open(&root).expect("open");
+        let mut r = Retention::new(Duration::from_secs(900), 16);
+        let mut c = Changes::default();
+        let docs = Arc::new(documents("k8s-1.33"));
+        r.seen("apiserver-b", &docs, FirstSeen(1), &mut c);
+        r.left("apiserver-b", stored_time(SystemTime::now()), &mut c);
+        state.apply(&r, &c).expect("write");
+        let file = root.join("retention/apiserver-b.json");
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("json");
+        json["left_at"] = serde_json::json!(u64::MAX);
+        std::fs::write(&file, serde_json::to_vec(&json).expect("to_vec")).expect("write");
+
+        let loaded = StateDir::open(&root).expect("reopen").load(16);
+        assert_eq!(loaded.problems.len(), 1, "{:?}", loaded.problems);
+        assert!(
+            loaded.problems[0].contains("is no time; taken as not departed"),
+            "{:?}",
+            loaded.problems
+        );
+        let entry = &loaded.entries["apiserver-b"];
+        assert_eq!((entry.left_at, &entry.documents), (None, &docs));
     }
 
     #[test]
