@@ -75,9 +75,10 @@ impl RequestInfo<'_> {
     }
 
     /// kube-apiserver's long-running check (`BasicLongRunningRequestCheck` with the verbs
-    /// `watch`, `proxy` and the subresources `attach`, `exec`, `proxy`, `log`, `portforward`):
-    /// these stream for as long as they last and get no request timeout; everything else is
-    /// bounded by the apiserver's `--request-timeout`, and so by ours.
+    /// `watch`, `proxy` and the subresources `attach`, `exec`, `proxy`, `log`, `portforward`,
+    /// and the profiler's `/debug/pprof/` paths, whose `?seconds=` may ask for minutes): these
+    /// run for as long as they last and get no request timeout; everything else is bounded by
+    /// the apiserver's `--request-timeout`, and so by ours.
     pub fn is_long_running(&self) -> bool {
         matches!(&*self.verb, "watch" | "proxy")
             || (self.is_resource_request
@@ -85,6 +86,7 @@ impl RequestInfo<'_> {
                     &*self.subresource,
                     "attach" | "exec" | "proxy" | "log" | "portforward"
                 ))
+            || (!self.is_resource_request && self.path.starts_with("/debug/pprof/"))
     }
 }
 
@@ -1983,6 +1985,13 @@ mod tests {
             ("GET", "/apis", false),
             // A non-resource path named like a subresource is not long-running.
             ("GET", "/logs/exec", false),
+            // The profiler: as long as `seconds` asks (the decoded path is what kube checks).
+            ("GET", "/debug/pprof/profile?seconds=120", true),
+            ("GET", "/debug/pprof/trace?seconds=90", true),
+            ("GET", "/debug/%70prof/profile", true),
+            ("GET", "/debug/pprof/", true),
+            ("GET", "/debug/pprof", false),
+            ("GET", "/debug/flags/v", false),
         ];
         for (method, path, want) in cases {
             let info = parse(method, path).unwrap();
