@@ -91,6 +91,15 @@ fuzz_target!(|data: &[u8]| {
     let (routed_info, decision) = table.route(method, target);
     if target.len() <= MAX_ROUTED_PATH {
         assert_eq!(routed_info, parsed.clone().ok(), "route parses like parse");
+    } else if let Some((path, _)) = target
+        .split_once('?')
+        .filter(|(path, _)| path.len() <= MAX_ROUTED_PATH)
+    {
+        // A query too long to read: the path alone decides.
+        let path_only = request_info::parse(method, path);
+        assert_eq!(routed_info, path_only.ok(), "route parses the path alone");
+    } else {
+        assert_eq!(routed_info, None, "a path too long is not parsed");
     }
 
     let Ok(info) = parsed else { return };

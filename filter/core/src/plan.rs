@@ -23,7 +23,7 @@ use crate::local_reply::{self, RoutedTo};
 pub use crate::metrics::{Counter, GvrLabel, MetricLabels, PeerError};
 use crate::openapi::{self, OpenApiRoute, OpenApiUnion};
 use crate::request_info::RequestInfo;
-use crate::routing::{Decision, Reason, RoutingTable, Upstream};
+use crate::routing::{self, Decision, Reason, RoutingTable, Upstream};
 use crate::shared_discovery::{self, SharedData, StoreError};
 use crate::status;
 
@@ -461,7 +461,8 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
     // Steps 4-8.
     let (info, decision) = compiled.table.route(&method, &path);
     let class = match &info {
-        Some(info) if !info.is_long_running() => RequestClass::Short,
+        // A query too long to read may hold `watch=true`.
+        Some(info) if !info.is_long_running() && routing::query_read(&path) => RequestClass::Short,
         _ => RequestClass::Unbounded,
     };
     let local_first = |base: &'a str| {
@@ -1251,6 +1252,11 @@ mod tests {
     fn plans_auth_cluster_class_and_route() {
         let c = compiled(true);
         let token: &[(&str, &[u8])] = &[("authorization", b"Bearer \xff")];
+        // A list with a label selector too long to read: routed on its path, unbounded (the
+        // query may say watch), and a 404 from where it goes is still caught.
+        let selector = format!("?labelSelector=app+in+({})", "a1,".repeat(30_000));
+        let claims_long = format!("/apis/resource.k8s.io/v1beta2/resourceclaims{selector}");
+        let pods_long = format!("/api/v1/pods{selector}");
         // (method, path, headers, subject, auth, cluster, class, served by, counters)
         type Case<'a> = (
             &'a str,
@@ -1311,6 +1317,31 @@ mod tests {
                 Some((ServedBy::Local, "v1, Resource=pods")),
                 vec![],
             ),
+            (
+                "GET",
+                &claims_long,
+                &[],
+                None,
+                UpstreamAuth::Anonymous,
+                "p133-anonymous",
+                RequestClass::Unbounded,
+                Some((
+                    ServedBy::Peer,
+                    "resource.k8s.io/v1beta2, Resource=resourceclaims",
+                )),
+                vec![],
+            ),
+            (
+                "GET",
+                &pods_long,
+                &[],
+                None,
+                UpstreamAuth::Anonymous,
+                "skewgate-local-anonymous",
+                RequestClass::Unbounded,
+                Some((ServedBy::Local, "v1, Resource=pods")),
+                vec![],
+            ),
             // Unparseable: the local apiserver answers it, unbounded as without us.
             (
                 "GET",
@@ -1359,7 +1390,7 @@ mod tests {
             // client gets and the resource (never the subresource) as labels.
             let rerouted = f.response.rerouted(&c, 201).map(|k| k.stat_name(&c.labels));
             let want = match path {
-                CLAIM => Some("apiserver_rerouted_request_total;code=201;group=resource.k8s.io;version=v1beta2;resource=resourceclaims"),
+                p if p == CLAIM || p == claims_long => Some("apiserver_rerouted_request_total;code=201;group=resource.k8s.io;version=v1beta2;resource=resourceclaims"),
                 RESIZE => Some("apiserver_rerouted_request_total;code=201;group=;version=v1;resource=pods"),
                 _ => None,
             };

@@ -9,10 +9,18 @@ use std::collections::HashMap;
 use crate::config::FilterConfig;
 use crate::request_info::{self, RequestInfo};
 
-/// Longest `:path` the filter parses. Envoy accepts up to 1 MiB of headers (as kube-apiserver
-/// does) and parsing costs about 6 ms per MiB of path (BENCHMARKS.md), all before any
-/// authentication; no real resource path comes near 64 KiB (names are at most 253 bytes).
+/// Longest `:path` the filter parses whole. Envoy accepts up to 1 MiB of headers (as
+/// kube-apiserver does) and parsing costs about 6 ms per MiB of path (BENCHMARKS.md), all
+/// before any authentication; no real resource path comes near 64 KiB (names are at most 253
+/// bytes). A query can (a label selector listing thousands of values): past this bound the
+/// request is routed on its path alone ([`RoutingTable::route`]).
 pub const MAX_ROUTED_PATH: usize = 64 * 1024;
+
+/// Whether [`RoutingTable::route`] reads the query of `path_and_query`. When it does not, the
+/// request may be a watch (`?watch=true` is in the query): it is unbounded.
+pub fn query_read(path_and_query: &str) -> bool {
+    path_and_query.len() <= MAX_ROUTED_PATH
+}
 
 /// Where the request is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,18 +191,25 @@ impl RoutingTable {
         &self.pending_peers
     }
 
-    /// Parse the request like kube-apiserver and decide. Paths longer than
-    /// [`MAX_ROUTED_PATH`] are not parsed: they go to the local apiserver, which answers them
-    /// as it would without us.
+    /// Parse the request like kube-apiserver and decide. A target longer than
+    /// [`MAX_ROUTED_PATH`] is parsed without its query (which decides only list or watch, and
+    /// a name from a field selector, never where a request goes; see [`query_read`]); a path
+    /// longer than that is not parsed: it goes to the local apiserver, which answers it as it
+    /// would without us.
     pub fn route<'p>(
         &self,
         method: &str,
         path_and_query: &'p str,
     ) -> (Option<RequestInfo<'p>>, Decision<'_>) {
-        if path_and_query.len() > MAX_ROUTED_PATH {
-            return (None, Decision::local(Reason::Unparseable));
-        }
-        match request_info::parse(method, path_and_query) {
+        let target = if query_read(path_and_query) {
+            path_and_query
+        } else {
+            match path_and_query.split_once('?') {
+                Some((path, _)) if path.len() <= MAX_ROUTED_PATH => path,
+                _ => return (None, Decision::local(Reason::Unparseable)),
+            }
+        };
+        match request_info::parse(method, target) {
             Ok(info) => {
                 let decision = self.decide(&info);
                 (Some(info), decision)
@@ -576,9 +591,21 @@ mod tests {
             "/apis/resource.k8s.io/v1beta2/{}",
             "a".repeat(MAX_ROUTED_PATH)
         );
-        let cases = cases
-            .into_iter()
-            .chain([("GET", long.as_str(), Upstream::Local, Unparseable)]);
+        // A query past the bound (a label selector of thousands of values) is not read, and
+        // the path still decides: the peer-only resource goes to its peers, not to a local
+        // apiserver that answers 404.
+        let selector = format!("?labelSelector=app+in+({})", "a1,".repeat(30_000));
+        let long_query = format!("/apis/resource.k8s.io/v1beta2/resourceclaims{selector}");
+        let long_both = format!(
+            "/apis/resource.k8s.io/v1beta2/{}{selector}",
+            "a".repeat(MAX_ROUTED_PATH)
+        );
+        let cases = cases.into_iter().chain([
+            ("GET", long.as_str(), Upstream::Local, Unparseable),
+            ("GET", long_query.as_str(), peer("pboth"), ServedByPeer),
+            ("DELETE", long_query.as_str(), peer("pboth"), ServedByPeer),
+            ("GET", long_both.as_str(), Upstream::Local, Unparseable),
+        ]);
         for (method, path, upstream, reason) in cases {
             let (_, d) = t.route(method, path);
             assert_eq!(d, Decision { upstream, reason }, "{method} {path}");
