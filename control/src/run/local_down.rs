@@ -114,6 +114,9 @@ pub async fn run(
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut seen_attempts = 0;
     let mut streams = xds.streams_opened();
+    // The configured chance was to be restored before any Envoy said which it is: written
+    // once one does.
+    let mut restore_pending = false;
     loop {
         tokio::select! {
             changed = local.changed() => if changed.is_err() { return },
@@ -135,10 +138,26 @@ pub async fn run(
             None
         };
         let write = change.or((reconnected && decision.draining()).then_some(true));
-        let Some(drain) = write else {
-            continue;
+        // The chance this Envoy's bootstrap configured is known once its xDS stream said so
+        // (its node metadata). A control plane that starts before its Envoy reconnects
+        // restores "off" for now, so that a drain its predecessor left in the file ends, and
+        // the configured chance as soon as it is known; without that second write the chance
+        // stayed off until Envoy restarted.
+        let known = xds.goaway_chance();
+        let (drain, configured) = match write {
+            Some(true) => (true, GoawayChance::OFF),
+            Some(false) => {
+                restore_pending = known.is_none();
+                (false, known.unwrap_or(GoawayChance::OFF))
+            }
+            None => match known {
+                Some(chance) if restore_pending && !decision.draining() => {
+                    restore_pending = false;
+                    (false, chance)
+                }
+                _ => continue,
+            },
         };
-        let configured = xds.goaway_chance().unwrap_or(GoawayChance::OFF);
         let content = if drain {
             ConnectionDrain::EveryConnection
         } else {
@@ -167,6 +186,48 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A control plane that starts (or restarts) before its Envoy reconnects: the first good
+    /// fetch can only restore "off", and the chance Envoy's bootstrap configured is written
+    /// as soon as its stream says which it is (before, it stayed off until Envoy restarted).
+    #[tokio::test]
+    async fn the_configured_chance_is_restored_once_envoy_says_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join(goaway::GOAWAY_FILE);
+        let read = || std::fs::read_to_string(&file).unwrap_or_default();
+        // A predecessor died while draining.
+        goaway::write(dir.path(), ConnectionDrain::EveryConnection).expect("write");
+        let (tx, rx) = watch::channel(SyncState::default());
+        let xds = Arc::new(XdsMetrics::new());
+        let task = tokio::spawn(run(
+            dir.path().to_path_buf(),
+            Duration::from_secs(20),
+            rx,
+            xds.clone(),
+            Arc::new(LocalDownMetrics::default()),
+        ));
+        let wait_for = |want: &'static str| {
+            let read = &read;
+            async move {
+                for _ in 0..100 {
+                    if read() == want {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                panic!("{:?} never became {want:?}", read());
+            }
+        };
+        tx.send(SyncState {
+            attempts: 1,
+            ..SyncState::default()
+        })
+        .expect("send");
+        wait_for("0").await;
+        xds.goaway_chance_configured("0.001".parse().expect("chance"));
+        wait_for("0.001").await;
+        task.abort();
+    }
 
     /// (seconds since start, fetch ok) → the change.
     #[test]
