@@ -95,6 +95,9 @@ pub struct DrainArgs {
     pub finish_seconds: u64,
 }
 
+/// The finish time of a `--finish-seconds` too large to add to the clock (about 30 years).
+const LONGEST_FINISH: Duration = Duration::from_secs(1_000_000_000);
+
 /// Why Envoy could not be drained.
 #[derive(Debug, thiserror::Error)]
 pub enum DrainError {
@@ -202,7 +205,12 @@ pub async fn drain(
         "ports closed; Envoy exits once no client request is in flight, at most in {}s",
         finish_time.as_secs_f64()
     ));
-    let finished = tokio::time::Instant::now() + finish_time;
+    // Any number of seconds is taken: one too long for the clock waits as long as it can
+    // (adding it would panic, and the image's entrypoint would then cut every request).
+    let now = tokio::time::Instant::now();
+    let finished = now
+        .checked_add(finish_time)
+        .unwrap_or_else(|| now + LONGEST_FINISH);
     loop {
         if requests_in_flight(admin).await == Some(0) {
             say("no client request in flight");
@@ -357,9 +365,10 @@ mod tests {
         let (admin, seen) = fake_admin(200).await;
         let said = Mutex::new(Vec::new());
         // Nothing in flight once the ports are closed: Envoy stops at once, not after the
-        // finish time (an hour here).
+        // finish time (here the largest `SKEWGATE_FINISH_SECONDS` parses: more than the clock
+        // can add, which panicked).
         let started = tokio::time::Instant::now();
-        drain(&admin, Duration::ZERO, Duration::from_secs(3600), |s| {
+        drain(&admin, Duration::ZERO, Duration::from_secs(u64::MAX), |s| {
             said.lock().expect("said").push(s.to_string())
         })
         .await
