@@ -390,6 +390,10 @@ impl Orchestrator {
                 }
                 _ = wake.notified() => changed = true,
                 _ = tokio::time::sleep(next_expiry.unwrap_or_default()), if next_expiry.is_some() => {
+                    // Expired here, not only by the next recomputation: before the first-sync
+                    // gate opens (a local apiserver still starting) that does not come, and an
+                    // entry past its window would wake this loop at once, again and again.
+                    self.settle_retention(SystemTime::now(), Changes::default());
                     changed = true;
                 }
                 _ = tokio::time::sleep_until(deadline), if waiting_for_deadline => {
@@ -719,6 +723,12 @@ impl Orchestrator {
             let live: BTreeSet<&str> = set.peers.iter().map(|p| p.id.as_str()).collect();
             self.retention.left_unless(&live, now, &mut changes);
         }
+        self.settle_retention(now, changes);
+    }
+
+    /// Ends the retentions whose window passed by `now` and bounds the rest, on top of
+    /// `changes`; logs what ended and writes every change to the state directory.
+    fn settle_retention(&mut self, now: SystemTime, mut changes: Changes) {
         self.retention.expire(now, &mut changes);
         self.retention.bound(&mut changes);
         for id in &changes.remove {
