@@ -1,10 +1,14 @@
 //! The core pipeline's [`Host`] trait by the proxy-wasm host calls ([`ProxyHost`]); the core's
 //! tests use a recording fake.
 //!
-//! Host calls that cannot panic: proxy-wasm's trait helpers `unwrap()` every host result and
-//! decode header values as UTF-8 with `unwrap()`: a client sending one obs-text byte in a header
-//! would crash the VM for every request on that worker. We call `hostcalls` directly and work on
-//! bytes.
+//! proxy-wasm's trait helpers `unwrap()` every host result and decode header values as UTF-8
+//! with `unwrap()`: a client sending one obs-text byte in a header would crash the VM for every
+//! request on that worker. We call `hostcalls` directly and work on bytes, so no value a client
+//! sends can panic here. What `hostcalls` itself still panics on (proxy-wasm 0.2.5) is not
+//! reachable through Envoy: a status other than those it maps (Envoy answers these calls `Ok`
+//! in the phases the filter makes them), and a header name that is not UTF-8 (Envoy's HTTP/1,
+//! HTTP/2 and HTTP/3 codecs refuse any name that is not a token). The `HostError` branches are
+//! for the statuses `hostcalls` does map.
 
 use std::fmt;
 use std::time::{Duration, UNIX_EPOCH};

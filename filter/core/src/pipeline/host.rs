@@ -71,9 +71,10 @@ pub struct HeaderBlock {
 
 impl HeaderBlock {
     /// Copies `headers`, whose names take `name_bytes` and values `value_bytes` (for the
-    /// capacities). A name that is not UTF-8 (an HTTP header name is ASCII, so no request that
-    /// reaches an apiserver has one) is kept with U+FFFD for each bad sequence, as the
-    /// proxy-wasm host does.
+    /// capacities). A name that is not UTF-8 (an HTTP header name is ASCII, and Envoy's codecs
+    /// refuse any other, so no request that reaches an apiserver has one) is kept with U+FFFD
+    /// for each bad sequence: the native shell's views are bytes, and nothing here fails on
+    /// them.
     pub fn copied<'h, I>(headers: I, name_bytes: usize, value_bytes: usize) -> HeaderBlock
     where
         I: IntoIterator<Item = (&'h [u8], &'h [u8])>,
@@ -188,8 +189,8 @@ mod tests {
     use super::*;
 
     /// A block gives back what went in, in order, repeats and empty values included, as the
-    /// owned form does; a name that is not UTF-8 comes back with U+FFFD, as proxy-wasm gives it,
-    /// also when the names together would be UTF-8 (a character split across two names).
+    /// owned form does; a name that is not UTF-8 comes back with U+FFFD, also when the names
+    /// together would be UTF-8 (a character split across two names).
     #[test]
     fn a_header_block_gives_back_what_went_in() {
         let cases: &[&[(&[u8], &[u8])]] = &[
