@@ -9,7 +9,7 @@
 //! commands are these lists ([`the_readme_live_mode_commands_are_the_args_files`]).
 
 use std::collections::BTreeSet;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -517,10 +517,37 @@ fn the_host_files_make_what_the_pods_need() -> Result<()> {
         passwd.contains(&format!("skewgate:x:{uid}:{gid}:")),
         "no user skewgate {uid}:{gid} in {passwd}"
     );
+    // What an older, root-run skewgate left behind (the test runs as root): its SDS directory
+    // and file, and an xDS socket nobody removed.
+    let old_run = root.path().join("run/skewgate");
+    std::fs::create_dir_all(old_run.join("sds"))?;
+    std::fs::set_permissions(old_run.join("sds"), std::fs::Permissions::from_mode(0o700))?;
+    std::fs::write(old_run.join("sds/serving.yaml"), "old\n")?;
+    std::fs::set_permissions(
+        old_run.join("sds/serving.yaml"),
+        std::fs::Permissions::from_mode(0o600),
+    )?;
+    drop(std::os::unix::net::UnixListener::bind(
+        old_run.join("xds.sock"),
+    )?);
     run(Command::new("systemd-tmpfiles")
         .arg(&root_flag)
         .arg("--create")
         .arg(host.join("tmpfiles.conf")))?;
+    // ...is the pods' user's now, modes kept: it can write the SDS files again and probe and
+    // replace the stale socket.
+    for (left, mode) in [("sds", 0o700), ("sds/serving.yaml", 0o600), ("xds.sock", 0)] {
+        let meta = std::fs::symlink_metadata(old_run.join(left))?;
+        ensure!(
+            i64::from(meta.uid()) == uid
+                && i64::from(meta.gid()) == gid
+                && (mode == 0 || meta.mode() & 0o7777 == mode),
+            "/run/skewgate/{left}: {}:{} {:o}",
+            meta.uid(),
+            meta.gid(),
+            meta.mode() & 0o7777
+        );
+    }
     for dir in WRITABLE_HOST_DIRS {
         let meta = std::fs::metadata(root.path().join(dir.trim_start_matches('/')))?;
         ensure!(
