@@ -248,12 +248,20 @@ impl XdsMetrics {
         grown
     }
 
-    /// `skewgate_xds_lingering_clusters`: summed over the open streams.
-    pub fn lingering_clusters(&self) -> usize {
+    /// `f` of the open streams (nothing, if the lock was poisoned).
+    fn over_streams<T: Default>(
+        &self,
+        f: impl FnOnce(std::collections::btree_map::Values<'_, u64, EnvoyStream>) -> T,
+    ) -> T {
         self.streams_by_id
             .lock()
-            .map(|f| f.values().map(|s| s.lingering_clusters).sum())
+            .map(|streams| f(streams.values()))
             .unwrap_or_default()
+    }
+
+    /// `skewgate_xds_lingering_clusters`: summed over the open streams.
+    pub fn lingering_clusters(&self) -> usize {
+        self.over_streams(|s| s.map(|s| s.lingering_clusters).sum())
     }
 
     /// `skewgate_xds_clusters_removed_early_total`.
@@ -263,18 +271,12 @@ impl XdsMetrics {
 
     /// Every open stream: its Envoy, what its filter reads, how it gets its configuration.
     pub fn envoy_streams(&self) -> Vec<EnvoyStream> {
-        self.streams_by_id
-            .lock()
-            .map(|f| f.values().cloned().collect())
-            .unwrap_or_default()
+        self.over_streams(|s| s.cloned().collect())
     }
 
     /// Open streams whose filter configuration is withheld.
     pub fn incompatible_streams(&self) -> usize {
-        self.streams_by_id
-            .lock()
-            .map(|f| f.values().filter(|s| s.withheld).count())
-            .unwrap_or_default()
+        self.over_streams(|s| s.filter(|s| s.withheld).count())
     }
 
     /// `skewgate_xds_incompatible_filter_total`.
