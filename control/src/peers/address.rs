@@ -11,7 +11,11 @@
 //! 2. the lease's `kubernetes.io/peer-advertise-address` annotation (`ip:port`, IPv6 in
 //!    brackets). Anyone who can write Leases in `kube-system` can write it, so it is accepted
 //!    only when it is a unicast IP literal with a port inside one of the operator-configured
-//!    CIDRs. With no CIDR configured every annotation is refused.
+//!    CIDRs. With no CIDR configured every annotation is refused. With `--peer-port` only its
+//!    address is taken, with that port: kube-apiserver 1.36 and 1.37 advertise
+//!    `--advertise-address` with their own `--secure-port` whatever `--peer-advertise-ip` and
+//!    `--peer-advertise-port` say (those reach only upstream's own proxy), and under skewgate
+//!    that port is Envoy's client port, not its peer port.
 //!
 //! IPv4-mapped IPv6 addresses (`[::ffff:10.0.0.1]:6444`) are taken as the IPv4 address they
 //! carry, both for the CIDR check and for connecting, so a mapped spelling neither slips past
@@ -210,10 +214,13 @@ impl FromStr for MappingEntry {
     }
 }
 
-/// What the operator allows: the CIDRs for annotations and the explicit mapping.
+/// What the operator allows: the CIDRs for annotations, the port of every peer's Envoy peer
+/// listener, and the explicit mapping.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AddressPolicy {
     pub allowed_cidrs: Vec<IpNet>,
+    /// `--peer-port`: an accepted annotation's address is reached at this port.
+    pub peer_port: Option<u16>,
     pub by_lease: BTreeMap<String, SocketAddr>,
     pub by_hostname: BTreeMap<String, SocketAddr>,
 }
@@ -233,17 +240,25 @@ impl AddressPolicy {
         policy
     }
 
-    /// Check an annotation value against the policy.
+    /// The same, with `--peer-port`.
+    pub fn with_peer_port(self, peer_port: Option<u16>) -> Self {
+        AddressPolicy { peer_port, ..self }
+    }
+
+    /// Check an annotation value against the policy: the address it accepts, at `--peer-port`
+    /// when given.
     pub fn check_annotation(&self, value: &str) -> Result<SocketAddr, RejectReason> {
-        let addr = parse_socket_address(value)?;
+        let mut addr = parse_socket_address(value)?;
         if self.allowed_cidrs.is_empty() {
             return Err(RejectReason::NoCidrs);
         }
-        if self.allowed_cidrs.iter().any(|n| n.contains(&addr.ip())) {
-            Ok(addr)
-        } else {
-            Err(RejectReason::OutsideCidrs)
+        if !self.allowed_cidrs.iter().any(|n| n.contains(&addr.ip())) {
+            return Err(RejectReason::OutsideCidrs);
         }
+        if let Some(port) = self.peer_port {
+            addr.set_port(port);
+        }
+        Ok(addr)
     }
 
     /// The address of one lease: mapping by lease name, then by hostname, then the annotation.
@@ -408,6 +423,45 @@ mod tests {
         ] {
             assert!(bad.parse::<MappingEntry>().is_err(), "{bad}");
         }
+    }
+
+    /// kube-apiserver 1.36 and 1.37 advertise `--advertise-address:--secure-port`, Envoy's
+    /// client port under skewgate: with `--peer-port` the annotation gives the address and the
+    /// operator the port. The annotation is still checked whole first, and a mapping keeps its
+    /// own port.
+    #[test]
+    fn the_peer_port_replaces_the_annotations_port() {
+        use AddressSource::*;
+        let p = AddressPolicy::new(
+            vec![parse_cidr("10.0.0.0/8").unwrap()],
+            [MappingEntry::ByLease(
+                "apiserver-m".into(),
+                sa("10.9.0.1:7000"),
+            )],
+        )
+        .with_peer_port(Some(6444));
+        assert_eq!(
+            p.resolve("apiserver-a", None, Some("10.0.0.12:6443")),
+            Ok((sa("10.0.0.12:6444"), Annotation))
+        );
+        assert_eq!(
+            p.resolve("apiserver-m", None, Some("10.0.0.13:6443")),
+            Ok((sa("10.9.0.1:7000"), MappingByLease))
+        );
+        for (bad, why) in [
+            ("192.0.2.1:6443", RejectReason::OutsideCidrs),
+            ("10.0.0.12", RejectReason::Invalid),
+            ("10.0.0.12:0", RejectReason::Invalid),
+            ("evil.com:6443", RejectReason::Hostname),
+        ] {
+            assert_eq!(p.resolve("apiserver-a", None, Some(bad)), Err(why), "{bad}");
+        }
+        // Without it the annotation is taken as it is.
+        assert_eq!(
+            p.with_peer_port(None)
+                .resolve("apiserver-a", None, Some("10.0.0.12:6443")),
+            Ok((sa("10.0.0.12:6443"), Annotation))
+        );
     }
 
     #[test]

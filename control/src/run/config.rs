@@ -53,6 +53,14 @@ pub struct RunArgs {
     /// refused.
     #[command(flatten)]
     pub peer_cidrs: PeerCidrs,
+    /// The port of every peer's Envoy peer listener (`bootstrap --peer-listen`): a peer's
+    /// Lease annotation gives its address, reached at this port. kube-apiserver 1.36 and 1.37
+    /// advertise --advertise-address with their own --secure-port whatever
+    /// --peer-advertise-ip/--peer-advertise-port say, and under skewgate that is Envoy's client
+    /// port. Without it the annotation's port is used as it is. --peer-address entries keep
+    /// their own port.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub peer_port: Option<u16>,
     /// A peer address the operator vouches for: lease/<lease-name>=ip:port or
     /// host/<hostname>=ip:port (repeatable). Wins over the lease's annotation.
     #[arg(long = "peer-address", value_name = "KIND/NAME=IP:PORT")]
@@ -238,7 +246,7 @@ impl RunArgs {
             local: local_api,
             peers: PeerConfig {
                 grace: self.lease_grace,
-                policy: AddressPolicy::new(cidrs, mapping),
+                policy: AddressPolicy::new(cidrs, mapping).with_peer_port(self.peer_port),
                 local,
                 max_peers: self.max_peers,
             },
