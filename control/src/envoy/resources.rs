@@ -14,7 +14,10 @@ use std::path::Path;
 
 use envoy_types::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
-    cluster::{ClusterDiscoveryType, CommonLbConfig, CustomClusterType, DiscoveryType, LbPolicy},
+    cluster::{
+        ClusterDiscoveryType, CommonLbConfig, CustomClusterType, DiscoveryType, LbPolicy,
+        TransportSocketMatch,
+    },
     CircuitBreakers, Cluster, OutlierDetection, UpstreamConnectionOptions,
 };
 use envoy_types::pb::envoy::config::common::mutation_rules::v3::{
@@ -355,6 +358,22 @@ fn local_health_check() -> HealthCheck {
     }
 }
 
+/// The transport socket a proxy-identity cluster's health checks use (no client certificate),
+/// and the criteria that select it: only health checks ask for it, no endpoint's metadata does.
+const HEALTH_CHECK_SOCKET: &str = "health-check";
+
+/// One field: prost encodes it deterministically, so the content hash stays stable.
+fn health_check_socket_criteria() -> Struct {
+    Struct {
+        fields: HashMap::from([(
+            "skewgate.health_check".to_string(),
+            Value {
+                kind: Some(Kind::BoolValue(true)),
+            },
+        )]),
+    }
+}
+
 /// A departed apiserver's readiness, as [`local_health_check`] judges it (a refused, reset or
 /// timed-out connection, or a 5xx from `/readyz`: not ready; any answer below 500: ready),
 /// every [`DEPARTED_CHECK_INTERVAL`], ready or not: one that was ready and restarts must be
@@ -531,6 +550,28 @@ pub fn cluster(
     let transport_socket = upstream_sds
         .map(|dir| upstream_transport_socket(dir, auth))
         .transpose()?;
+    let mut health_checks = match role {
+        Role::Local => vec![local_health_check()],
+        Role::Departed => vec![departed_health_check()],
+        Role::Peer => Vec::new(),
+    };
+    // A health check presents no client certificate: the proxy-client certificate without the
+    // X-Remote-User header authenticates nobody, and kube-apiserver logs "Unable to
+    // authenticate the request" for each such request (every second, per cluster). Without a
+    // certificate `/readyz` is an anonymous request, as the kubelet's probes are.
+    let mut transport_socket_matches = Vec::new();
+    if let (UpstreamAuth::ProxyIdentity, Some(dir), false) =
+        (auth, upstream_sds, health_checks.is_empty())
+    {
+        transport_socket_matches.push(TransportSocketMatch {
+            name: HEALTH_CHECK_SOCKET.to_string(),
+            r#match: Some(health_check_socket_criteria()),
+            transport_socket: Some(upstream_transport_socket(dir, UpstreamAuth::Anonymous)?),
+        });
+        for check in &mut health_checks {
+            check.transport_socket_match_criteria = Some(health_check_socket_criteria());
+        }
+    }
     Ok(Cluster {
         name: name.to_string(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(discovery_type as i32)),
@@ -548,11 +589,8 @@ pub fn cluster(
             ..Default::default()
         }),
         circuit_breakers: Some(circuit_breakers()),
-        health_checks: match role {
-            Role::Local => vec![local_health_check()],
-            Role::Departed => vec![departed_health_check()],
-            Role::Peer => Vec::new(),
-        },
+        health_checks,
+        transport_socket_matches,
         // A departed apiserver that is not ready gets nothing: Envoy's default (a panic
         // threshold of 50 %) would send requests to it anyway once none of the set is healthy.
         common_lb_config: (role == Role::Departed).then(|| CommonLbConfig {
@@ -973,6 +1011,36 @@ mod tests {
                         common.tls_certificate_sds_secret_configs.is_empty(),
                         "{name}"
                     );
+                }
+                // Health checks present no certificate (kube-apiserver would log every
+                // certificate-only request as a failed authentication): the local apiserver's
+                // -identity cluster checks through a second socket, the anonymous one, which
+                // only its health check selects.
+                let checked = !cluster.health_checks.is_empty();
+                assert_eq!(checked, base == LOCAL_CLUSTER, "{name}");
+                if checked && auth == UpstreamAuth::ProxyIdentity {
+                    assert_eq!(cluster.transport_socket_matches.len(), 1, "{name}");
+                    let m = &cluster.transport_socket_matches[0];
+                    assert_eq!(m.r#match, Some(health_check_socket_criteria()));
+                    assert_eq!(
+                        m.transport_socket,
+                        Some(
+                            upstream_transport_socket(sds_dir, UpstreamAuth::Anonymous)
+                                .expect("socket")
+                        )
+                    );
+                    for check in &cluster.health_checks {
+                        assert_eq!(
+                            check.transport_socket_match_criteria,
+                            Some(health_check_socket_criteria())
+                        );
+                    }
+                } else {
+                    assert!(cluster.transport_socket_matches.is_empty(), "{name}");
+                    assert!(cluster
+                        .health_checks
+                        .iter()
+                        .all(|c| c.transport_socket_match_criteria.is_none()));
                 }
                 // -anonymous: HTTP/1.1 only; the others keep the client's protocol.
                 let options = &cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS];
