@@ -47,7 +47,10 @@ struct RawRoot {
 impl OpenApiRoot {
     /// Parse a root. Entries that are not an object with a valid `serverRelativeURL` are left
     /// out, each on its own (their group-versions keep the local answer); they come back
-    /// with the reason, for a log line.
+    /// with the reason, for a log line. Paths that name no group-version are not ours and are
+    /// passed over without a word: kube-apiserver lists its other documents there too
+    /// (`version`, `api`, `apis`, `apis/<group>`, `.well-known/openid-configuration`,
+    /// `openid/v1/jwks`).
     pub fn parse(body: &[u8], max_bytes: usize) -> Result<(Self, Vec<String>), OpenApiError> {
         if body.len() > max_bytes {
             return Err(OpenApiError::TooLarge {
@@ -62,6 +65,9 @@ impl OpenApiRoot {
         let mut paths = BTreeMap::new();
         let mut refused = Vec::new();
         for (path, entry) in raw.paths {
+            if skewgate_core::openapi::group_version_of(&path).is_none() {
+                continue;
+            }
             let Some(url) = entry.get("serverRelativeURL").and_then(|u| u.as_str()) else {
                 refused.push(format!("{path:?}: no serverRelativeURL string"));
                 continue;
@@ -173,14 +179,24 @@ mod tests {
             "apis/other/v1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=BB"},
             "apis/nourl/v1":{},
             "apis/number/v1":{"serverRelativeURL":7},
-            "version":{"serverRelativeURL":"/openapi/v3/version"}
+            "version":{"serverRelativeURL":"/openapi/v3/version"},
+            "apis/apps":{"serverRelativeURL":"/openapi/v3/apis/apps?hash=CC"},
+            ".well-known/openid-configuration":{"serverRelativeURL":"/openapi/v3/.well-known/openid-configuration?hash=DD"}
         },"extra":true}"#;
         let (root, refused) = OpenApiRoot::parse(body, 1 << 20).unwrap();
         assert_eq!(
             root.paths.keys().collect::<Vec<_>>(),
             ["api/v1", "apis/coordination.k8s.io/v1beta1"]
         );
-        assert_eq!(refused.len(), 5, "{refused:?}");
+        // kube-apiserver's own documents that name no group-version are not refusals: they
+        // are passed over without a log line (a real 1.36 root lists six of them).
+        assert_eq!(refused.len(), 4, "{refused:?}");
+        assert!(
+            refused
+                .iter()
+                .all(|r| !r.contains("version\"") && !r.contains("well-known")),
+            "{refused:?}"
+        );
     }
 
     #[test]
