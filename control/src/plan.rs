@@ -401,6 +401,7 @@ fn openapi_entries(
                 OpenApiPeerEntry {
                     server_relative_url: entry.server_relative_url,
                     peer_cluster,
+                    replaces_local: entry.replaces_local,
                 },
             )
         })
@@ -774,6 +775,7 @@ mod tests {
                         .next()
                         .expect("a peer cluster")
                         .clone(),
+                    replaces_local: false,
                 },
             );
             r

@@ -31,6 +31,7 @@ fuzz_target!(|data: &[u8]| {
         OpenApiPeerEntry {
             server_relative_url: PEER_URL.to_string(),
             peer_cluster: "skewgate-peers-b".to_string(),
+            replaces_local: false,
         },
     )]));
     let Ok(out) = union_root(data, &union) else {

@@ -23,7 +23,9 @@ elapsed() { echo $(( $(date +%s) - t0 ))s; }
 
 finish() {
   local rc=$?
-  if [ -n "${compose_up:-}" ]; then
+  if [ -n "${compose_up:-}" ] && [ -n "${SKEWGATE_COMPOSE_KEEP:-}" ]; then
+    note "SKEWGATE_COMPOSE_KEEP: the containers stay up (docker-compose -p $project ... down -v to remove them)"
+  elif [ -n "${compose_up:-}" ]; then
     note "collecting container output into ${logs#"$root"/}/compose.log and tearing down ($(elapsed))"
     compose logs --no-color >"$logs/compose.log" 2>&1 || true
     compose down -v -t 2 --remove-orphans >/dev/null 2>&1 || true
@@ -45,11 +47,17 @@ trap 'exit 130' INT TERM
 # the filter every node's Envoy runs: deploy/args' $(DATA_PLANE).
 data_plane=${SKEWGATE_DATA_PLANE:-wasm}
 case $data_plane in wasm | native) ;; *) echo "SKEWGATE_DATA_PLANE=$data_plane: wasm or native" >&2; exit 2 ;; esac
+# The drivers of the real-apiserver suites (tests/compose/real/) set apiserver=real before
+# sourcing this: the nodes run the real kube-apiserver (SKEWGATE_NODE<n>_KUBE), on a real etcd
+# (tests/compose/real/docker-compose.yml, an override); skewgate=off runs them without skewgate.
+apiserver=${apiserver:-sim} skewgate=${skewgate:-on}
+compose_files=(-f tests/compose/docker-compose.yml)
+[ "$apiserver" = sim ] || compose_files+=(-f tests/compose/real/docker-compose.yml)
 compose() {
   SKEWGATE_DATA_PLANE=$data_plane SKEWGATE_IMAGE=$image SKEWGATE_ROOT=$root SKEWGATE_ENVOY=$envoy SKEWGATE_KUBECTL=$kubectl \
-  SKEWGATE_PKI=$pki SKEWGATE_LOGS=$logs SKEWGATE_NET_PREFIX=$prefix \
+  SKEWGATE_PKI=$pki SKEWGATE_LOGS=$logs SKEWGATE_NET_PREFIX=$prefix SKEWGATE_KUBE=$root/.tools/kube SKEWGATE_SKEWGATE=$skewgate \
   SKEWGATE_LEASE_GRACE=$lease_grace SKEWGATE_REQUEST_TIMEOUT=$request_timeout \
-    docker-compose -p "$project" -f tests/compose/docker-compose.yml "$@"
+    docker-compose -p "$project" "${compose_files[@]}" "$@"
 }
 
 # Polls `cmd` every second until it succeeds or `secs` pass. The last output is in $out.
@@ -84,7 +92,11 @@ prepare() {
   # host's release here; ldd inside the container says so for sure).
   # The nodes, and the load balancer (tests/compose/haproxy.cfg), as kubeadm's
   # controlPlaneEndpoint is in the apiserver's certificate.
-  tests/compose/pki "$pki" "$prefix.11" "$prefix.12" "$prefix.13" "$prefix.30"
+  if [ "$apiserver" = real ]; then
+    tests/kube/build >/dev/null
+  fi
+  # (And etcd's address, for the real etcd's serving certificate.)
+  tests/compose/pki "$pki" "$prefix.11" "$prefix.12" "$prefix.13" "$prefix.30" "$prefix.10"
   rm -rf "$logs" && mkdir -p "$logs"
   # One context per node's Envoy; node-1 is the default.
   cat >"$logs/kubeconfig" <<YAML
@@ -94,10 +106,12 @@ clusters:
 - {name: node-1, cluster: {server: "https://$prefix.11:6443", certificate-authority: /skewgate/pki/ca.crt}}
 - {name: node-2, cluster: {server: "https://$prefix.12:6443", certificate-authority: /skewgate/pki/ca.crt}}
 - {name: node-3, cluster: {server: "https://$prefix.13:6443", certificate-authority: /skewgate/pki/ca.crt}}
+- {name: lb, cluster: {server: "https://$prefix.30:6443", certificate-authority: /skewgate/pki/ca.crt}}
 contexts:
 - {name: node-1, context: {cluster: node-1, user: admin}}
 - {name: node-2, context: {cluster: node-2, user: admin}}
 - {name: node-3, context: {cluster: node-3, user: admin}}
+- {name: lb, context: {cluster: lb, user: admin}}
 current-context: node-1
 users: [{name: admin, user: {client-certificate: /skewgate/pki/admin.crt, client-key: /skewgate/pki/admin.key}}]
 YAML

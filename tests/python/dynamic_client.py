@@ -1,12 +1,13 @@
 """The Python Kubernetes client (PyPI `kubernetes`) against a kubeconfig: its DynamicClient,
-which resolves a kind through legacy discovery (/api, /apis, /apis/<group>/<version>), creates,
-lists and gets a resource.k8s.io/v1beta2 ResourceClaim in `default`.
+which resolves a kind through legacy discovery (/api, /apis, /apis/<group>/<version>), creates
+the object of a manifest, lists its kind (in its namespace, if it has one) and gets it.
 
-    python dynamic_client.py KUBECONFIG DISCOVERY_CACHE_FILE NAME
+    python dynamic_client.py KUBECONFIG DISCOVERY_CACHE_FILE MANIFEST.json
 
-Prints one JSON object: the client's version, the names listed, and the object got (name and
-the simulated apiserver's `skewgate.test/served-by` annotation). Exits 3 when discovery does not
-know the kind (what a 1.30 apiserver alone answers), 1 on any other error.
+Prints one JSON object: the client's version, the names listed, and the object got (name, kind,
+and the simulated apiserver's `skewgate.test/served-by` annotation, null on a real one). Exits 3
+when discovery does not know the kind (what an apiserver that does not serve it answers alone),
+1 on any other error.
 """
 
 import json
@@ -17,35 +18,22 @@ from kubernetes import config
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-API_VERSION = "resource.k8s.io/v1beta2"
-KIND = "ResourceClaim"
 
-
-def main(kubeconfig: str, cache_file: str, name: str) -> int:
+def main(kubeconfig: str, cache_file: str, manifest_file: str) -> int:
+    with open(manifest_file, encoding="utf-8") as f:
+        manifest = json.load(f)
+    name = manifest["metadata"]["name"]
+    namespace = manifest["metadata"].get("namespace")
     api = config.new_client_from_config(config_file=kubeconfig)
     client = DynamicClient(api, cache_file=cache_file)
     try:
-        claims = client.resources.get(api_version=API_VERSION, kind=KIND)
+        kind = client.resources.get(api_version=manifest["apiVersion"], kind=manifest["kind"])
     except ResourceNotFoundError as e:
         print(f"ResourceNotFoundError: {e}", file=sys.stderr)
         return 3
-    claims.create(
-        namespace="default",
-        body={
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}
-                    ]
-                }
-            },
-        },
-    )
-    listed = claims.get(namespace="default")
-    got = claims.get(namespace="default", name=name).to_dict()
+    kind.create(namespace=namespace, body=manifest)
+    listed = kind.get(namespace=namespace)
+    got = kind.get(namespace=namespace, name=name).to_dict()
     annotations = got["metadata"].get("annotations") or {}
     print(
         json.dumps(

@@ -13,16 +13,27 @@ use serde_json::Value;
 use skewgate_tests::{kubeconfig_yaml, mixed_cluster, python_bin, repo_root};
 use tokio::process::Command;
 
-/// `tests/python/dynamic_client.py` against `kubeconfig`: (exit code, stdout, stderr).
+/// `tests/python/dynamic_client.py` against `kubeconfig`, creating the ResourceClaim `name`
+/// (resource.k8s.io/v1beta2, in `default`): (exit code, stdout, stderr).
 async fn dynamic_client(kubeconfig: &Path, name: &str) -> Result<(i32, String, String)> {
     let script = repo_root().join("tests/python/dynamic_client.py");
     // The client caches discovery in a file (by default one per server under /tmp): one per run.
     let cache = kubeconfig.with_extension("discovery.json");
+    let manifest = kubeconfig.with_extension(format!("{name}.json"));
+    let claim = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1beta2",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}
+        ]}},
+    });
+    std::fs::write(&manifest, serde_json::to_vec(&claim)?)?;
     let out = Command::new(python_bin()?)
         .arg(&script)
         .arg(kubeconfig)
         .arg(&cache)
-        .arg(name)
+        .arg(&manifest)
         .stdin(Stdio::null())
         .output()
         .await

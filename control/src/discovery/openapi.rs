@@ -97,6 +97,9 @@ pub struct PeerEntry {
     pub server_relative_url: String,
     /// Sorted, distinct.
     pub peer_ids: Vec<String>,
+    /// The local apiserver serves the group-version too, fewer of its resources: this entry
+    /// replaces the local one.
+    pub replaces_local: bool,
 }
 
 /// For every group-version the local apiserver does not serve (and that is not shared
@@ -122,11 +125,21 @@ pub fn peer_entries(
             let Some(gv) = skewgate_core::openapi::group_version_of(path) else {
                 continue;
             };
-            if local.serves_group_version(&gv.group, &gv.version)
-                || shared_storage.contains(&gv)
-                || !peer.served.serves_group_version(&gv.group, &gv.version)
-            {
+            if shared_storage.contains(&gv) {
                 continue;
+            }
+            let Some(theirs) = peer.served.resources(&gv.group, &gv.version) else {
+                continue;
+            };
+            // A group-version the local apiserver serves keeps its own entry unless the peer
+            // serves every resource and subresource of it that the local one does, and more:
+            // a newer release, typically, whose document describes the local resources too.
+            // Where each serves something the other does not, neither document describes
+            // everything, and the local one stands.
+            if let Some(ours) = local.resources(&gv.group, &gv.version) {
+                if !(theirs.len() > ours.len() && theirs.is_superset(ours)) {
+                    continue;
+                }
             }
             candidates
                 .entry(path)
@@ -142,11 +155,14 @@ pub fn peer_entries(
             // Most peers first; BTreeMap order (smallest URL) breaks ties as `max_by` keeps
             // the last maximum, so iterate in reverse.
             let (url, ids) = urls.iter().rev().max_by_key(|(_, ids)| ids.len())?;
+            let replaces_local = skewgate_core::openapi::group_version_of(path)
+                .is_some_and(|gv| local.serves_group_version(&gv.group, &gv.version));
             Some((
                 path.to_string(),
                 PeerEntry {
                     server_relative_url: (*url).to_string(),
                     peer_ids: ids.iter().map(|id| (*id).to_string()).collect(),
+                    replaces_local,
                 },
             ))
         })
@@ -290,6 +306,72 @@ mod tests {
             });
             assert_eq!(got, want, "case {i}");
         }
+    }
+
+    /// A group-version both serve, as certificates.k8s.io/v1 between a real 1.36 and 1.37
+    /// (1.37 adds clustertrustbundles and podcertificaterequests): the peer's entry replaces
+    /// the local one only where the peer serves everything the local apiserver serves there
+    /// and more; an equal or a different set keeps the local entry.
+    #[test]
+    fn a_group_version_both_serve_takes_the_peers_entry_where_it_serves_more() {
+        const CERTS: &str = "apis/certificates.k8s.io/v1";
+        let served = |keys: &[&str]| {
+            let mut s = ServedApis::new();
+            for key in keys {
+                s.add_resource("certificates.k8s.io", "v1", key).unwrap();
+            }
+            s
+        };
+        let local = served(&[
+            "certificatesigningrequests",
+            "certificatesigningrequests/status",
+        ]);
+        let newer = served(&[
+            "certificatesigningrequests",
+            "certificatesigningrequests/status",
+            "clustertrustbundles",
+            "podcertificaterequests",
+            "podcertificaterequests/status",
+        ]);
+        let same = local.clone();
+        let different = served(&["certificatesigningrequests", "clustertrustbundles"]);
+        let url = "/openapi/v3/apis/certificates.k8s.io/v1?hash=PEER";
+        let root = root(&[(CERTS, url)]);
+        let entry = |served| {
+            peer_entries(
+                &local,
+                &BTreeSet::new(),
+                &[PeerRoot {
+                    id: "b",
+                    served,
+                    root: Some(&root),
+                }],
+            )
+            .remove(CERTS)
+        };
+        assert_eq!(
+            entry(&newer),
+            Some(PeerEntry {
+                server_relative_url: url.into(),
+                peer_ids: vec!["b".into()],
+                replaces_local: true,
+            })
+        );
+        assert_eq!(entry(&same), None);
+        assert_eq!(entry(&different), None);
+        // A group-version the local apiserver does not serve at all: added, not replacing.
+        let e = peer_entries(
+            &ServedApis::new(),
+            &BTreeSet::new(),
+            &[PeerRoot {
+                id: "b",
+                served: &newer,
+                root: Some(&root),
+            }],
+        )
+        .remove(CERTS)
+        .expect("a peer-only entry");
+        assert!(!e.replaces_local);
     }
 
     #[test]

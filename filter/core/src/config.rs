@@ -61,18 +61,28 @@ pub enum FilterFeature {
     /// the answer is the retained 503. Without it a filter answers 503 for every retained key
     /// itself, as before.
     DepartedRoutes,
+    /// OpenAPI v3 entries that replace the local apiserver's own for a group-version it serves
+    /// too, where a peer serves more of its resources ([`OpenApiPeerEntry::replaces_local`]):
+    /// `kubectl explain` of a resource only a newer peer serves in a group-version both serve.
+    /// Without it a filter gets only the entries of group-versions the local apiserver does not
+    /// serve, as before.
+    OpenApiReplacesLocal,
 }
 
 impl FilterFeature {
     /// Every optional feature this filter reads: what its bootstrap advertises.
-    pub const ALL: &'static [FilterFeature] =
-        &[FilterFeature::Failover, FilterFeature::DepartedRoutes];
+    pub const ALL: &'static [FilterFeature] = &[
+        FilterFeature::Failover,
+        FilterFeature::DepartedRoutes,
+        FilterFeature::OpenApiReplacesLocal,
+    ];
 
     /// The name a filter advertises for it.
     pub fn name(self) -> &'static str {
         match self {
             FilterFeature::Failover => "failover",
             FilterFeature::DepartedRoutes => "departed-routes",
+            FilterFeature::OpenApiReplacesLocal => "openapi-replaces-local",
         }
     }
 
@@ -174,7 +184,9 @@ pub struct FilterConfig {
     pub pending_peers: Vec<String>,
     /// OpenAPI v3 entries of the group-versions the local apiserver does not serve and a live
     /// peer does, by root path (`apis/<g>/<v>`): added to the local `/openapi/v3` answer, and
-    /// their documents routed to that peer (docs/ARCHITECTURE.md "OpenAPI v3").
+    /// their documents routed to that peer (docs/ARCHITECTURE.md "OpenAPI v3"). With
+    /// [`OpenApiPeerEntry::replaces_local`], also of group-versions both serve where the peer
+    /// serves more resources: those replace the local entry.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub openapi_v3: BTreeMap<String, OpenApiPeerEntry>,
     /// Where requests the local apiserver would serve go while it cannot be reached: each an
@@ -589,6 +601,9 @@ impl FilterConfig {
                             .flat_map(|gv| &gv.resources)
                             .any(|r| r.departed_cluster.is_some())
                 }
+                FilterFeature::OpenApiReplacesLocal => {
+                    self.openapi_v3.values().any(|e| e.replaces_local)
+                }
             })
             .collect()
     }
@@ -618,6 +633,9 @@ impl FilterConfig {
                 {
                     route.departed_cluster = None;
                 }
+            }
+            FilterFeature::OpenApiReplacesLocal => {
+                self.openapi_v3.retain(|_, e| !e.replaces_local);
             }
         }
     }
@@ -1053,6 +1071,7 @@ mod tests {
         let entry = |url: &str, cluster: &str| OpenApiPeerEntry {
             server_relative_url: url.to_string(),
             peer_cluster: cluster.to_string(),
+            replaces_local: false,
         };
         let path = "apis/coordination.k8s.io/v1beta1";
         let url = "/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=AB";

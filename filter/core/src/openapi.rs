@@ -31,6 +31,11 @@ pub struct OpenApiPeerEntry {
     pub server_relative_url: String,
     /// A key of the configuration's `peer_clusters`: the peers that list exactly this URL.
     pub peer_cluster: String,
+    /// The local apiserver serves this group-version too, and the peers serve every resource
+    /// of it that it serves and more: their entry replaces the local one, so that `kubectl
+    /// explain` finds the resources only they serve (`FilterFeature::OpenApiReplacesLocal`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replaces_local: bool,
 }
 
 /// The root document's path.
@@ -150,6 +155,7 @@ struct Entry {
     /// The entry as it is added to the root: `{"serverRelativeURL":"..."}`.
     json: Box<RawValue>,
     cluster: String,
+    replaces_local: bool,
 }
 
 impl Entry {
@@ -192,6 +198,7 @@ impl OpenApiUnion {
                         group_version,
                         json,
                         cluster: e.peer_cluster.clone(),
+                        replaces_local: e.replaces_local,
                     },
                 ))
             })
@@ -274,7 +281,8 @@ impl fmt::Display for RootError {
 
 /// The local apiserver's root with the peer-only entries added. The local entries stay the
 /// local apiserver's own (their hashes are always fresh), so is every other field; a path the
-/// local answer lists already keeps the local entry. Keys come out sorted, as kube writes them.
+/// local answer lists already keeps the local entry, unless the peers' entry replaces it
+/// ([`OpenApiPeerEntry::replaces_local`]). Keys come out sorted, as kube writes them.
 ///
 /// The union is at most [`MAX_UNION_BYTES`]: re-serialised, the local root is no longer than
 /// it came (whitespace goes, escapes stay or shrink, raw values are copied), and each entry
@@ -294,7 +302,17 @@ pub fn union_root(local: &[u8], union: &OpenApiUnion) -> Result<UnionRoot, RootE
     let mut size = local.len();
     let mut left_out = 0;
     for (path, entry) in &union.entries {
-        if paths.contains_key(path) {
+        if let Some(local_entry) = paths.get(path) {
+            if entry.replaces_local {
+                // Same path, the peers' URL: the size changes by the difference of the two.
+                let (old, new) = (local_entry.get().len(), entry.json.get().len());
+                if new > old && size.saturating_add(new - old) > MAX_UNION_BYTES {
+                    left_out += 1;
+                    continue;
+                }
+                size = size.saturating_add(new).saturating_sub(old);
+                paths.insert(path.clone(), &entry.json);
+            }
             continue;
         }
         let added = entry.added_bytes(path);
@@ -323,6 +341,7 @@ mod tests {
         OpenApiPeerEntry {
             server_relative_url: url.to_string(),
             peer_cluster: cluster.to_string(),
+            replaces_local: false,
         }
     }
 
@@ -467,6 +486,45 @@ mod tests {
             std::str::from_utf8(&out.body).unwrap(),
             r#"{"paths":{"apis/coordination.k8s.io/v1beta1":{"serverRelativeURL":"/openapi/v3/apis/coordination.k8s.io/v1beta1?hash=MINE"}},"x":1}"#
         );
+    }
+
+    /// A peer that serves more of a group-version than the local apiserver (a newer release):
+    /// its entry replaces the local one, and its document is routed to it; the route of a
+    /// path whose entry does not replace stays the local answer in the root.
+    #[test]
+    fn an_entry_that_replaces_the_local_one_takes_its_place() {
+        let path = "apis/certificates.k8s.io/v1";
+        let mut m = BTreeMap::new();
+        m.insert(
+            path.to_string(),
+            OpenApiPeerEntry {
+                replaces_local: true,
+                ..entry(
+                    "/openapi/v3/apis/certificates.k8s.io/v1?hash=PEER",
+                    "skewgate-peers-b",
+                )
+            },
+        );
+        let union = OpenApiUnion::compile(&m);
+        let local = br#"{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=L1"},"apis/certificates.k8s.io/v1":{"serverRelativeURL":"/openapi/v3/apis/certificates.k8s.io/v1?hash=MINE"}}}"#;
+        let out = union_root(local, &union).unwrap();
+        assert_eq!(out.left_out, 0);
+        assert_eq!(
+            std::str::from_utf8(&out.body).unwrap(),
+            r#"{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=L1"},"apis/certificates.k8s.io/v1":{"serverRelativeURL":"/openapi/v3/apis/certificates.k8s.io/v1?hash=PEER"}}}"#
+        );
+        assert_eq!(
+            union.route("GET", "/openapi/v3/apis/certificates.k8s.io/v1?hash=PEER"),
+            OpenApiRoute::Peer {
+                cluster: "skewgate-peers-b",
+                group_version: &GroupVersion::new("certificates.k8s.io", "v1"),
+            }
+        );
+        // The local root does not list it (the local apiserver stopped serving it): added.
+        let out = union_root(br#"{"paths":{}}"#, &union).unwrap();
+        assert!(std::str::from_utf8(&out.body)
+            .unwrap()
+            .contains("hash=PEER"));
     }
 
     /// [`MAX_ENTRIES`] entries with groups of 206 characters, their URLs [`MAX_URL`] long

@@ -2313,6 +2313,7 @@ mod tests {
             crate::config::OpenApiPeerEntry {
                 server_relative_url: "/openapi/v3/apis/resource.k8s.io/v1beta2?hash=B2".into(),
                 peer_cluster: "p133".into(),
+                replaces_local: false,
             },
         );
         config.validate().unwrap();

@@ -81,6 +81,7 @@ fn compiled_with(pending: &[&str]) -> Rc<Configured> {
             crate::config::OpenApiPeerEntry {
                 server_relative_url: "/openapi/v3/apis/resource.k8s.io/v1beta2?hash=B2".into(),
                 peer_cluster: "p133".into(),
+                replaces_local: false,
             },
         )]),
         schema: SCHEMA_VERSION,
