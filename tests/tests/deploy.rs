@@ -249,7 +249,7 @@ fn the_compose_nodes_run_the_args_files() -> Result<()> {
         "mapfile -t envoy_args < <(args envoy)",
         "mapfile -t run_args < <(args run)",
         r#"skewgate-envoy "${bootstrap_args[@]}" -- "${envoy_args[@]}" 2>>"$logs/$NODE-envoy.log" &"#,
-        r#"skewgate-control run "${run_args[@]}" >"$logs/$NODE-control.out" 2>"$logs/$NODE-control.log" &"#,
+        r#"skewgate-control run "${run_args[@]}" >>"$logs/$NODE-control.out" 2>>"$logs/$NODE-control.log" &"#,
     ] {
         assert!(
             code.contains(&expected),
