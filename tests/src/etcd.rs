@@ -1,5 +1,6 @@
 //! Shared cluster state: a real etcd that simulated apiservers share, like kube-apiservers do.
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -18,8 +19,13 @@ pub struct Etcd {
 }
 
 impl Etcd {
+    /// Debian's etcd (or `$SKEWGATE_ETCD`), for the simulated apiservers.
     pub async fn start() -> Result<Etcd> {
-        let bin = etcd_bin()?;
+        Etcd::start_bin(&etcd_bin()?).await
+    }
+
+    /// The etcd binary `bin`.
+    pub async fn start_bin(bin: &Path) -> Result<Etcd> {
         let mut last_error = None;
         // Ports are picked before etcd binds them: retry if another process took one.
         for _ in 0..4 {
@@ -28,7 +34,7 @@ impl Etcd {
             let url = format!("http://127.0.0.1:{client_port}");
             let peer = format!("http://127.0.0.1:{peer_port}");
             let log = std::fs::File::create(dir.path().join("etcd.log"))?;
-            let mut child = Command::new(&bin)
+            let mut child = Command::new(bin)
                 .arg("--name=sim")
                 .arg(format!("--data-dir={}", dir.path().join("data").display()))
                 .arg(format!("--listen-client-urls={url}"))

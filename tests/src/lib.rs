@@ -11,6 +11,7 @@
 //! | `bootstrap` | the rendered bootstrap (binary protobuf) read and edited as data |
 //! | `paths` | the repository, fixtures, the release filter, tool binaries (Envoy, kubectl, Python), `skewgate-control` |
 //! | `sim` | simulated apiservers ([`SimApiserver`], [`SimOptions`]) and identity Lease names |
+//! | `real` | real kube-apiservers built by `tests/kube/build` ([`real::RealApiserver`]) |
 //! | `envoy` | Envoy with the filter ([`Envoy`], [`EnvoyOptions`], [`PeerSpec`], [`Probe`]) |
 //! | `etcd` | a real etcd for shared cluster state ([`Etcd`]) |
 //! | `pki` | the test PKI ([`TestPki`], [`TestCa`], [`CertFiles`], [`Subject`]) and token users |
@@ -33,6 +34,7 @@ pub mod live;
 mod net;
 mod paths;
 mod pki;
+pub mod real;
 mod sim;
 mod upgrades;
 mod wait;
