@@ -95,6 +95,13 @@ impl RealOptions {
 impl RealApiserver {
     /// Start it and wait until `/readyz` answers 200 (at most 90 s).
     pub async fn start(opts: &RealOptions, pki: &TestPki) -> Result<Self> {
+        let mut apiserver = Self::spawn(opts, pki)?;
+        apiserver.wait_ready(pki, Duration::from_secs(90)).await?;
+        Ok(apiserver)
+    }
+
+    /// Start it without waiting: its port is known before it listens.
+    pub fn spawn(opts: &RealOptions, pki: &TestPki) -> Result<Self> {
         let bin = real_kube_bin(&opts.release, "kube-apiserver")?;
         let dir = tempfile::tempdir()?;
         let (sa_key, sa_pub) = service_account_keys(dir.path())?;
@@ -139,14 +146,12 @@ impl RealApiserver {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let mut apiserver = RealApiserver {
+        Ok(RealApiserver {
             release: opts.release.clone(),
             address: Address::parse(&format!("127.0.0.1:{port}"))?,
             dir,
             child: Some(child),
-        };
-        apiserver.wait_ready(pki, Duration::from_secs(90)).await?;
-        Ok(apiserver)
+        })
     }
 
     pub fn url(&self) -> String {
@@ -164,7 +169,10 @@ impl RealApiserver {
         loop {
             if let Some(child) = self.child.as_mut() {
                 if let Some(status) = child.try_wait()? {
-                    bail!("kube-apiserver exited with {status}:\n{}", tail(&self.log()));
+                    bail!(
+                        "kube-apiserver exited with {status}:\n{}",
+                        tail(&self.log())
+                    );
                 }
             }
             let ready = client
@@ -176,7 +184,10 @@ impl RealApiserver {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("kube-apiserver was not ready within {within:?}:\n{}", tail(&self.log()));
+                bail!(
+                    "kube-apiserver was not ready within {within:?}:\n{}",
+                    tail(&self.log())
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

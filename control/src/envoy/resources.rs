@@ -330,12 +330,17 @@ fn circuit_breakers() -> CircuitBreakers {
     }
 }
 
-/// The local apiserver's health, checked every second on [`HEALTH_CHECK_PATH`] over the
-/// cluster's own TLS and identity: down after two failures (a refused or reset connection, a
-/// timeout, or a 5xx, which is what kube-apiserver's `/readyz` answers when it is not ready or
-/// shutting down), up again after one success. Any answer below 500 is up: a 401 or 403 (an
-/// identity kube does not let read `/readyz`, `--anonymous-auth=false`) still means the
-/// apiserver is there.
+/// The `/readyz` answers that mean "ready", half-open ranges: any below 500 but 403. A 5xx is
+/// what kube-apiserver's `/readyz` answers while not ready or shutting down; a 403 is its
+/// answer to an anonymous `/readyz` in its first second or so, before its RBAC bootstrap
+/// policy exists (seen on a real 1.36 and 1.37, `tests/tests/conformance.rs`), when it would
+/// refuse every other client too. A 401 (`--anonymous-auth=false`) still means the apiserver
+/// is there and past that point.
+pub const READY_STATUSES: [(i64, i64); 2] = [(200, 403), (404, 500)];
+
+/// The local apiserver's health, checked every second on [`HEALTH_CHECK_PATH`] (anonymously:
+/// see [`cluster`]): down after two failures (a refused or reset connection, a timeout, or an
+/// answer outside [`READY_STATUSES`]), up again after one success.
 fn local_health_check() -> HealthCheck {
     HealthCheck {
         timeout: seconds(1),
@@ -347,10 +352,10 @@ fn local_health_check() -> HealthCheck {
         health_checker: Some(health_check::HealthChecker::HttpHealthCheck(
             health_check::HttpHealthCheck {
                 path: HEALTH_CHECK_PATH.to_string(),
-                expected_statuses: vec![Int64Range {
-                    start: 200,
-                    end: 500,
-                }],
+                expected_statuses: READY_STATUSES
+                    .iter()
+                    .map(|&(start, end)| Int64Range { start, end })
+                    .collect(),
                 ..Default::default()
             },
         )),
@@ -375,7 +380,7 @@ fn health_check_socket_criteria() -> Struct {
 }
 
 /// A departed apiserver's readiness, as [`local_health_check`] judges it (a refused, reset or
-/// timed-out connection, or a 5xx from `/readyz`: not ready; any answer below 500: ready),
+/// timed-out connection, or an answer outside [`READY_STATUSES`]: not ready),
 /// every [`DEPARTED_CHECK_INTERVAL`], ready or not: one that was ready and restarts must be
 /// seen not ready before requests reach it half started; not ready after one failure, ready
 /// after one success.
@@ -1183,10 +1188,16 @@ mod tests {
             assert_eq!(http.path, "/readyz");
             assert_eq!(
                 http.expected_statuses,
-                [Int64Range {
-                    start: 200,
-                    end: 500
-                }]
+                [
+                    Int64Range {
+                        start: 200,
+                        end: 403
+                    },
+                    Int64Range {
+                        start: 404,
+                        end: 500
+                    }
+                ]
             );
             let metadata = |c: &Cluster| {
                 c.load_assignment.as_ref().expect("endpoints").endpoints[0].lb_endpoints[0]

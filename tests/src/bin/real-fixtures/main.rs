@@ -22,7 +22,10 @@ use skewgate_tests::{repo_root, Etcd, Subject, TestPki};
 
 const AGGREGATED: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 /// The group-versions whose OpenAPI documents are kept: where 1.36 and 1.37 differ.
-const OPENAPI: [&str; 2] = ["apis/certificates.k8s.io/v1", "apis/storagemigration.k8s.io/v1"];
+const OPENAPI: [&str; 2] = [
+    "apis/certificates.k8s.io/v1",
+    "apis/storagemigration.k8s.io/v1",
+];
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -57,9 +60,18 @@ async fn main() -> Result<()> {
             }
         };
         let dir = fixtures.join("discovery").join(format!("k8s-{release}"));
-        write(&dir.join("aggregated_v2.json"), &get("/apis".into(), AGGREGATED).await?)?;
-        write(&dir.join("api.json"), &get("/api".into(), "application/json").await?)?;
-        write(&dir.join("api__v1.json"), &get("/api/v1".into(), "application/json").await?)?;
+        write(
+            &dir.join("aggregated_v2.json"),
+            &get("/apis".into(), AGGREGATED).await?,
+        )?;
+        write(
+            &dir.join("api.json"),
+            &get("/api".into(), "application/json").await?,
+        )?;
+        write(
+            &dir.join("api__v1.json"),
+            &get("/api/v1".into(), "application/json").await?,
+        )?;
 
         let root: serde_json::Value =
             serde_json::from_slice(&get("/openapi/v3".into(), "application/json").await?)?;
@@ -69,7 +81,13 @@ async fn main() -> Result<()> {
             };
             let name = format!("{}_openapi.json", path.replace('/', "__"));
             let body = get(url.to_string(), "application/json").await?;
-            write(&fixtures.join("openapi").join(format!("k8s-{release}")).join(name), &body)?;
+            write(
+                &fixtures
+                    .join("openapi")
+                    .join(format!("k8s-{release}"))
+                    .join(name),
+                &body,
+            )?;
         }
 
         let leases: serde_json::Value = serde_json::from_slice(
@@ -86,7 +104,10 @@ async fn main() -> Result<()> {
             &fixtures.join("leases").join(format!("k8s-{release}.json")),
             &serde_json::to_vec_pretty(lease)?,
         )?;
-        println!("captured kube-apiserver {release} into {}", fixtures.display());
+        println!(
+            "captured kube-apiserver {release} into {}",
+            fixtures.display()
+        );
     }
     Ok(())
 }

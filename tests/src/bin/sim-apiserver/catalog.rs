@@ -166,6 +166,11 @@ impl Catalog {
             .map(|((g, v), rs)| (g.as_str(), v.as_str(), rs))
     }
 
+    pub fn serves_group_version(&self, group: &str, version: &str) -> bool {
+        self.gvs
+            .contains_key(&(group.to_string(), version.to_string()))
+    }
+
     pub fn lookup(&self, group: &str, version: &str, resource: &str) -> Option<&ResourceInfo> {
         self.gvs
             .get(&(group.to_string(), version.to_string()))?

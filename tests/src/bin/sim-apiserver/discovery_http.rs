@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use crate::discovery;
 use crate::fixture::Fixture;
 use crate::negotiate::{self, DiscoveryVersion};
+use crate::protobuf;
 use crate::respond;
 use crate::status;
 
@@ -37,6 +38,8 @@ pub struct Discovery {
     api_raw: Vec<u8>,
     core_v1_raw: Vec<u8>,
     version: Value,
+    /// kube-apiserver served aggregated discovery v2beta1 until 1.33.
+    v2beta1: bool,
 }
 
 impl Discovery {
@@ -63,6 +66,7 @@ impl Discovery {
             api_raw: f.api_raw.clone(),
             core_v1_raw: f.core_v1_raw.clone(),
             version: version_info(git_version),
+            v2beta1: !at_least(git_version, 1, 33),
         }
     }
 
@@ -96,29 +100,52 @@ impl Discovery {
         r
     }
 
-    fn accept(headers: &HeaderMap) -> Option<DiscoveryVersion> {
-        let accept = headers
+    fn accept(headers: &HeaderMap) -> &str {
+        headers
             .get(header::ACCEPT)
             .and_then(|h| h.to_str().ok())
-            .unwrap_or("");
-        negotiate::aggregated_discovery(accept)
+            .unwrap_or("")
     }
 
     /// `GET /apis`
     pub fn apis(&self, headers: &HeaderMap) -> Response {
-        match Self::accept(headers) {
+        let accept = Self::accept(headers);
+        match negotiate::aggregated_discovery_of(accept, self.v2beta1) {
             Some(v @ DiscoveryVersion::V2) => Self::aggregated(&self.apis_v2, v, headers),
             Some(v @ DiscoveryVersion::V2Beta1) => Self::aggregated(&self.apis_v2beta1, v, headers),
-            None => respond::raw_json(StatusCode::OK, self.legacy_apis.clone()),
+            None => Self::plain(accept, &self.legacy_apis, protobuf::group_list),
         }
     }
 
     /// `GET /api`
     pub fn api(&self, headers: &HeaderMap) -> Response {
-        match Self::accept(headers) {
+        let accept = Self::accept(headers);
+        match negotiate::aggregated_discovery_of(accept, self.v2beta1) {
             Some(v @ DiscoveryVersion::V2) => Self::aggregated(&self.api_v2, v, headers),
             Some(v @ DiscoveryVersion::V2Beta1) => Self::aggregated(&self.api_v2beta1, v, headers),
-            None => respond::raw_json(StatusCode::OK, self.api_raw.clone()),
+            None => Self::plain(accept, &self.api_raw, protobuf::versions),
+        }
+    }
+
+    /// A legacy list as the Accept header asks: its JSON, the same in protobuf, or kube's 406.
+    fn plain(accept: &str, json: &[u8], encode: fn(&Value) -> Vec<u8>) -> Response {
+        match negotiate::plain(accept) {
+            negotiate::Plain::Json => respond::raw_json(StatusCode::OK, json.to_vec()),
+            negotiate::Plain::Protobuf => {
+                let list: Value = serde_json::from_slice(json).unwrap_or(Value::Null);
+                (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, protobuf::CONTENT_TYPE)],
+                    encode(&list),
+                )
+                    .into_response()
+            }
+            negotiate::Plain::NotAcceptable => status::respond(status::failure(
+                406,
+                "NotAcceptable",
+                "only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf",
+                None,
+            )),
         }
     }
 
@@ -148,6 +175,23 @@ impl Discovery {
     /// `GET /version`
     pub fn version(&self) -> Response {
         respond::json(StatusCode::OK, &self.version)
+    }
+}
+
+/// Whether a git version like `v1.33.0` is at least `major.minor`.
+pub fn at_least(git_version: &str, major: u32, minor: u32) -> bool {
+    let mut parts = git_version.trim_start_matches('v').split('.');
+    let number = |p: Option<&str>| {
+        p.map(|s| {
+            s.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .and_then(|s| s.parse::<u32>().ok())
+    };
+    match (number(parts.next()), number(parts.next())) {
+        (Some(a), Some(b)) => (a, b) >= (major, minor),
+        _ => false,
     }
 }
 

@@ -109,7 +109,10 @@ struct Args {
     /// Leave the `kubernetes.io/peer-advertise-address` annotation out.
     #[arg(long)]
     no_peer_advertise_address: bool,
-    /// Delete the lease on SIGTERM/SIGINT (kube leaves it to its garbage collector).
+    /// Delete the lease on SIGTERM/SIGINT whatever --git-version says. kube-apiserver does
+    /// from 1.35 on (its lease controller's Stop, "Cleaning up lease on exit"), which the
+    /// simulator follows by its --git-version; before, it left the lease to the lease garbage
+    /// collector.
     #[arg(long)]
     delete_lease_on_exit: bool,
     /// Skew the clock the lease's `renewTime` is read from: `-5m` behind, `5m` ahead.
@@ -368,7 +371,8 @@ async fn main() -> anyhow::Result<()> {
                 hostname: args.hostname.clone().unwrap_or_else(|| id.clone()),
                 renew_interval: args.lease_renew_interval,
                 peer_address,
-                delete_on_exit: args.delete_lease_on_exit,
+                delete_on_exit: args.delete_lease_on_exit
+                    || discovery_http::at_least(&args.git_version, 1, 35),
                 clock: args.lease_clock_offset,
             },
         ));

@@ -1,7 +1,7 @@
 //! Accept-header negotiation for the two "as=" conversions clients ask for: aggregated
 //! discovery (`as=APIGroupDiscoveryList`, v2 or v2beta1) and server-side tables (`as=Table`).
-//! Parameter order and whitespace do not matter; clauses with `q=0` are ignored; only JSON
-//! clauses count (protobuf is never served).
+//! Parameter order and whitespace do not matter; clauses with `q=0` are ignored. A plain answer
+//! is JSON or protobuf ([`plain`]).
 
 /// Which aggregated discovery version to answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,9 +90,10 @@ fn parse_accept(accept: &str) -> Vec<Clause> {
         .collect()
 }
 
-/// The aggregated discovery version the Accept header asks for, preferring v2.
-/// A `profile` parameter (e.g. `profile=nopeer`) is accepted and ignored.
-pub fn aggregated_discovery(accept: &str) -> Option<DiscoveryVersion> {
+/// The aggregated discovery version the Accept header asks for, preferring v2, of those a
+/// release serves (kube-apiserver 1.33 dropped v2beta1). A `profile` parameter (e.g.
+/// `profile=nopeer`) is accepted and ignored.
+pub fn aggregated_discovery_of(accept: &str, v2beta1: bool) -> Option<DiscoveryVersion> {
     let clauses = parse_accept(accept);
     let wants = |v: &str| {
         clauses.iter().any(|c| {
@@ -104,11 +105,40 @@ pub fn aggregated_discovery(accept: &str) -> Option<DiscoveryVersion> {
     };
     if wants("v2") {
         Some(DiscoveryVersion::V2)
-    } else if wants("v2beta1") {
+    } else if v2beta1 && wants("v2beta1") {
         Some(DiscoveryVersion::V2Beta1)
     } else {
         None
     }
+}
+
+/// How a plain (not aggregated) answer is encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plain {
+    Json,
+    Protobuf,
+    /// Nothing the Accept header lists: kube's 406.
+    NotAcceptable,
+}
+
+/// The first media range of the Accept header kube-apiserver serves a plain object in: JSON
+/// (`application/json`, `*/*`, `application/*`, or no Accept at all) or protobuf, each only
+/// without an `as=` conversion.
+pub fn plain(accept: &str) -> Plain {
+    if accept.trim().is_empty() {
+        return Plain::Json;
+    }
+    for c in parse_accept(accept) {
+        if c.param("as").is_some() {
+            continue;
+        }
+        match c.media_type.as_str() {
+            "application/json" | "*/*" | "application/*" => return Plain::Json,
+            crate::protobuf::CONTENT_TYPE => return Plain::Protobuf,
+            _ => {}
+        }
+    }
+    Plain::NotAcceptable
 }
 
 /// The Table version the Accept header asks for (kubectl get), preferring v1.
@@ -138,26 +168,63 @@ mod tests {
     #[test]
     fn discovery_clause_any_order_and_whitespace() {
         let kubectl = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
-        assert_eq!(aggregated_discovery(kubectl), Some(DiscoveryVersion::V2));
+        assert_eq!(
+            aggregated_discovery_of(kubectl, true),
+            Some(DiscoveryVersion::V2)
+        );
         let reordered = "application/json, application/json ; as=APIGroupDiscoveryList ; v=v2 ; g=apidiscovery.k8s.io";
-        assert_eq!(aggregated_discovery(reordered), Some(DiscoveryVersion::V2));
+        assert_eq!(
+            aggregated_discovery_of(reordered, true),
+            Some(DiscoveryVersion::V2)
+        );
         let beta_first = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
-        assert_eq!(aggregated_discovery(beta_first), Some(DiscoveryVersion::V2));
+        assert_eq!(
+            aggregated_discovery_of(beta_first, true),
+            Some(DiscoveryVersion::V2)
+        );
         let beta = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
-        assert_eq!(aggregated_discovery(beta), Some(DiscoveryVersion::V2Beta1));
+        assert_eq!(
+            aggregated_discovery_of(beta, true),
+            Some(DiscoveryVersion::V2Beta1)
+        );
         let nopeer =
             "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer";
-        assert_eq!(aggregated_discovery(nopeer), Some(DiscoveryVersion::V2));
+        assert_eq!(
+            aggregated_discovery_of(nopeer, true),
+            Some(DiscoveryVersion::V2)
+        );
     }
 
     #[test]
     fn discovery_clause_rejects_others() {
-        assert_eq!(aggregated_discovery("application/json, */*"), None);
-        assert_eq!(aggregated_discovery(""), None);
+        assert_eq!(aggregated_discovery_of("application/json, */*", true), None);
+        assert_eq!(aggregated_discovery_of("", true), None);
         let proto = "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
-        assert_eq!(aggregated_discovery(proto), None);
+        assert_eq!(aggregated_discovery_of(proto, true), None);
         let q0 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;q=0";
-        assert_eq!(aggregated_discovery(q0), None);
+        assert_eq!(aggregated_discovery_of(q0, true), None);
+    }
+
+    #[test]
+    fn plain_answers() {
+        assert_eq!(plain(""), Plain::Json);
+        assert_eq!(plain("application/json"), Plain::Json);
+        assert_eq!(
+            plain("application/vnd.kubernetes.protobuf"),
+            Plain::Protobuf
+        );
+        assert_eq!(
+            plain("application/vnd.kubernetes.protobuf, application/json"),
+            Plain::Protobuf
+        );
+        let beta = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+        assert_eq!(plain(beta), Plain::NotAcceptable);
+        assert_eq!(plain(&format!("{beta},application/json")), Plain::Json);
+        assert_eq!(aggregated_discovery_of(beta, false), None);
+        assert_eq!(
+            aggregated_discovery_of(beta, true),
+            Some(DiscoveryVersion::V2Beta1)
+        );
     }
 
     #[test]

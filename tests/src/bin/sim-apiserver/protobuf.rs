@@ -1,7 +1,8 @@
 //! Just enough of kube's protobuf encoding to accept typed clients' request bodies whose
 //! content does not matter (client-go sends `SelfSubjectReview` as
 //! `application/vnd.kubernetes.protobuf`): the `k8s\0` envelope around a `runtime.Unknown`
-//! whose `typeMeta` names the type. Answers are always JSON (clients also accept it).
+//! whose `typeMeta` names the type; and the discovery lists a protobuf-only client asks for
+//! (`APIGroupList` of `/apis`, `APIVersions` of `/api`). Other answers are JSON.
 
 pub const CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
 
@@ -107,5 +108,102 @@ mod tests {
         assert!(type_meta(b"k8s\x00\x0a\x05ab").is_err());
         assert!(is_protobuf("application/vnd.kubernetes.protobuf; x=y"));
         assert!(!is_protobuf("application/json"));
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A length-delimited field.
+fn put(out: &mut Vec<u8>, field: u64, bytes: &[u8]) {
+    put_varint(out, (field << 3) | 2);
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+/// `runtime.Unknown` in kube's envelope, around a message of `kind` (`v1` meta types).
+fn envelope(kind: &str, raw: &[u8]) -> Vec<u8> {
+    let mut type_meta = Vec::new();
+    put(&mut type_meta, 1, b"v1");
+    put(&mut type_meta, 2, kind.as_bytes());
+    let mut unknown = Vec::new();
+    put(&mut unknown, 1, &type_meta);
+    put(&mut unknown, 2, raw);
+    put(&mut unknown, 3, b"");
+    put(&mut unknown, 4, b"");
+    let mut out = MAGIC.to_vec();
+    out.extend(unknown);
+    out
+}
+
+fn server_addresses(out: &mut Vec<u8>, field: u64, list: &serde_json::Value) {
+    for a in list.as_array().into_iter().flatten() {
+        let mut m = Vec::new();
+        put(&mut m, 1, a["clientCIDR"].as_str().unwrap_or("").as_bytes());
+        put(
+            &mut m,
+            2,
+            a["serverAddress"].as_str().unwrap_or("").as_bytes(),
+        );
+        put(out, field, &m);
+    }
+}
+
+fn group_version(gv: &serde_json::Value) -> Vec<u8> {
+    let mut m = Vec::new();
+    put(
+        &mut m,
+        1,
+        gv["groupVersion"].as_str().unwrap_or("").as_bytes(),
+    );
+    put(&mut m, 2, gv["version"].as_str().unwrap_or("").as_bytes());
+    m
+}
+
+/// `/apis` (`metav1.APIGroupList`, JSON as kube serves it) in protobuf.
+pub fn group_list(list: &serde_json::Value) -> Vec<u8> {
+    let mut groups = Vec::new();
+    for g in list["groups"].as_array().into_iter().flatten() {
+        let mut group = Vec::new();
+        put(&mut group, 1, g["name"].as_str().unwrap_or("").as_bytes());
+        for v in g["versions"].as_array().into_iter().flatten() {
+            put(&mut group, 2, &group_version(v));
+        }
+        put(&mut group, 3, &group_version(&g["preferredVersion"]));
+        server_addresses(&mut group, 4, &g["serverAddressByClientCIDRs"]);
+        put(&mut groups, 1, &group);
+    }
+    envelope("APIGroupList", &groups)
+}
+
+/// `/api` (`metav1.APIVersions`) in protobuf.
+pub fn versions(list: &serde_json::Value) -> Vec<u8> {
+    let mut m = Vec::new();
+    for v in list["versions"].as_array().into_iter().flatten() {
+        put(&mut m, 1, v.as_str().unwrap_or("").as_bytes());
+    }
+    server_addresses(&mut m, 2, &list["serverAddressByClientCIDRs"]);
+    envelope("APIVersions", &m)
+}
+
+#[cfg(test)]
+mod encoding_tests {
+    use super::*;
+
+    #[test]
+    fn a_group_list_reads_back() {
+        let list = serde_json::json!({"kind": "APIGroupList", "groups": [{"name": "apps",
+            "versions": [{"groupVersion": "apps/v1", "version": "v1"}],
+            "preferredVersion": {"groupVersion": "apps/v1", "version": "v1"}}]});
+        let body = group_list(&list);
+        assert_eq!(
+            type_meta(&body).unwrap(),
+            ("v1".to_string(), "APIGroupList".to_string())
+        );
     }
 }

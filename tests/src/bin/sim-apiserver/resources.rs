@@ -154,7 +154,21 @@ fn resolve_verb(method: &Method, path: &ResourcePath, watch_param: bool) -> Opti
     })
 }
 
-/// What the path names, if kube registers a route for it (`None`: kube's plain 404). Routes
+/// kube's 404 for a path [`registered`] refuses: the generic NotFound `Status` under a served
+/// group-version, `404 page not found` under any other.
+pub fn not_registered(state: &AppState, path: &ResourcePath) -> Response {
+    if state
+        .catalog
+        .serves_group_version(&path.group, &path.version)
+    {
+        status::no_route()
+    } else {
+        status::page_not_found()
+    }
+}
+
+/// What the path names, if kube registers a route for it (`None`: kube's 404, see
+/// [`not_registered`]). Routes
 /// kube does not register: unserved resources, cluster-scoped objects under a namespace,
 /// single namespaced objects without one, subresources discovery does not list.
 pub fn registered<'a>(state: &'a AppState, path: &ResourcePath) -> Option<&'a ResourceInfo> {
@@ -183,7 +197,7 @@ pub async fn handle(
     user: &UserInfo,
 ) -> Response {
     let Some(info) = registered(state, path) else {
-        return status::page_not_found();
+        return not_registered(state, path);
     };
     let watch_param = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
     let not_allowed = |verb: &str| {

@@ -66,6 +66,20 @@ pub fn page_not_found() -> Response {
         .into_response()
 }
 
+/// What kube-apiserver answers for a path under a group-version it serves that names no route
+/// of it (a resource or subresource it does not serve, a cluster-scoped resource under a
+/// namespace): go-restful's 404 as kube's generic `Status`, NotFound with empty details. Only
+/// a path under no served group-version gets the plain [`page_not_found`] (both checked
+/// against a real kube-apiserver by `tests/tests/conformance.rs`).
+pub fn no_route() -> Response {
+    respond(failure(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+        Some(json!({})),
+    ))
+}
+
 pub fn not_found(group: &str, resource: &str, name: &str) -> Value {
     failure(
         404,

@@ -105,7 +105,7 @@ pub async fn handle(
     user: &UserInfo,
 ) -> Response {
     let Some(info) = crate::resources::registered(state, path) else {
-        return status::page_not_found();
+        return crate::resources::not_registered(state, path);
     };
     if let Some(sub) = &path.subresource {
         if STREAM_SUBRESOURCES.contains(&sub.as_str()) {
