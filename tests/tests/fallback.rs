@@ -15,9 +15,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use skewgate_control::envoy::resources::DataPlane;
 use skewgate_tests::live::*;
 use skewgate_tests::{
-    client, envoy_bin, eventually, filter_flags, free_port, header, Envoy, Etcd, Probe,
+    client, data_plane, envoy_bin, eventually, filter_flags, free_port, header, Envoy, Etcd, Probe,
     SimApiserver, Subject, TestPki, TEST_TOKENS,
 };
 use tokio::process::Command;
@@ -149,6 +150,91 @@ async fn cluster_dump(envoy: &Envoy, name: &str) -> Result<serde_json::Value> {
         .as_object_mut()
         .map(|o| o.remove("cluster_name"));
     Ok(cluster)
+}
+
+/// Local-only, in front of a real release's documents: kube-apiserver 1.36 serves
+/// `certificates.k8s.io/v1` without `clustertrustbundles` (1.37 serves them), and answers a
+/// request for them with kube's generic NotFound Status (JSON), not `404 page not found`
+/// (`tests/tests/conformance.rs` holds the simulator to that). Whether another apiserver
+/// serves them is not known: a retryable 503, never a 404. A missing object's NotFound, in the
+/// same group-version, stands. Before, the client got the 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_only_a_resource_the_local_group_version_lacks_is_a_503_not_a_404() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let pki = TestPki::generate()?;
+    let etcd = Etcd::start().await?;
+    let dir = tempfile::tempdir()?;
+    let a =
+        SimApiserver::start_with(shared("apiserver-a", "k8s-1.36", &etcd).with_pki(&pki)).await?;
+    let control = Control::secure(&a, dir.path(), &pki)?;
+    let mut envoy = live_envoy_with(
+        &control,
+        Some(&pki),
+        None,
+        &[
+            [
+                "--control-plane-wait=1s".into(),
+                format!("--local-apiserver-url={}", a.url()),
+            ]
+            .as_slice(),
+            &filter_flags()?,
+            &upstream_tls_flags(&pki),
+        ]
+        .concat(),
+    )
+    .await?;
+    envoy.wait_ready().await.context("Envoy opened no port")?;
+    let admin = pki.client_cert("admin", &Subject::new().o("system:masters").cn("admin"))?;
+    let client = pki.client(Some(&admin))?;
+    let bundles = "/apis/certificates.k8s.io/v1/clustertrustbundles";
+    eventually(
+        "served without a control plane",
+        Duration::from_secs(30),
+        || async {
+            Ok(matches!(
+                get_echo(
+                    &client,
+                    &envoy,
+                    "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+                    None
+                )
+                .await,
+                Ok((200, _))
+            )
+            .then_some(()))
+        },
+    )
+    .await
+    .with_context(|| envoy.log())?;
+    expect_fallback(&envoy, "local-only").await?;
+    // A list: no body needed to tell. One object: only its body tells, which a data plane
+    // can read with the headers held (native); proxy-wasm cannot (its answer passes: README,
+    // "Known limits").
+    let mut paths = vec![bundles.to_string()];
+    if data_plane()? == DataPlane::Native {
+        paths.push(format!("{bundles}/some-bundle"));
+    }
+    for path in paths {
+        let resp = client.get(url(&envoy, &path)).send().await?;
+        let (status, retry_after) = (resp.status().as_u16(), header(&resp, "retry-after"));
+        let body: serde_json::Value = resp.json().await?;
+        assert_eq!(
+            (status, body["reason"].as_str(), retry_after.as_str()),
+            (503, Some("ServiceUnavailable"), "5"),
+            "{path}: {body}"
+        );
+    }
+    let resp = client
+        .get(url(
+            &envoy,
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests/missing",
+        ))
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 404);
+    let body: serde_json::Value = resp.json().await?;
+    assert_eq!(body["details"]["name"], "missing", "{body}");
+    Ok(())
 }
 
 /// Issue 10, item 2: an Envoy (re)started while its control plane is down serves after the

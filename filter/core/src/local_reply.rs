@@ -82,6 +82,60 @@ pub fn is_page_not_found(code: u16, details: &str, content_type: Option<&[u8]>) 
 }
 
 const TEXT_PLAIN: &[u8] = b"text/plain";
+const APPLICATION_JSON: &[u8] = b"application/json";
+
+/// An apiserver's JSON 404, which only its body tells apart: kube's generic NotFound for a
+/// path under a group-version it serves that names no route of it ([`is_no_route`]: a
+/// resource, subresource or scope the group-version does not have, as a real 1.36 answers
+/// for a resource only 1.37 serves in `certificates.k8s.io/v1`), or a missing object.
+pub fn is_json_not_found(code: u16, details: &str, content_type: Option<&[u8]>) -> bool {
+    code == 404
+        && (details == VIA_UPSTREAM || details.is_empty())
+        && content_type.is_some_and(|value| {
+            value
+                .trim_ascii_start()
+                .get(..APPLICATION_JSON.len())
+                .is_some_and(|media| media.eq_ignore_ascii_case(APPLICATION_JSON))
+        })
+}
+
+/// The largest JSON 404 body read for [`is_no_route`]: kube's generic NotFound is about 200
+/// bytes; a larger body is no such answer and passes unread.
+pub const MAX_NOT_FOUND_BODY: usize = 4096;
+
+#[derive(serde::Deserialize)]
+struct NotFoundStatus<'a> {
+    #[serde(borrow)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    reason: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    details: Option<NotFoundDetails<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct NotFoundDetails<'a> {
+    #[serde(borrow, default)]
+    name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// Whether a JSON 404 body is kube's generic NotFound (`the server could not find the
+/// requested resource`): a `Status` with reason NotFound whose details name neither an object
+/// nor a kind. A missing object's NotFound names both, and passes.
+pub fn is_no_route(body: &[u8]) -> bool {
+    let Ok(status) = serde_json::from_slice::<NotFoundStatus<'_>>(body) else {
+        return false;
+    };
+    let empty = |s: &Option<std::borrow::Cow<'_, str>>| s.as_deref().is_none_or(str::is_empty);
+    status.kind.as_deref() == Some("Status")
+        && status.reason.as_deref() == Some("NotFound")
+        && status
+            .details
+            .as_ref()
+            .is_none_or(|d| empty(&d.name) && empty(&d.kind))
+}
 
 /// The 503 for an apiserver that answered `404 page not found` for `target`, which the routing
 /// table says it serves: our view of it is out of date (it restarted on another version), so
@@ -227,6 +281,46 @@ mod tests {
                 is_page_not_found(code, details, content_type),
                 want,
                 "{code} {details} {content_type:?}"
+            );
+        }
+        // The JSON 404s: which ones are read at all, and which body is no route.
+        let json = Some(&b"application/json"[..]);
+        assert!(is_json_not_found(404, VIA_UPSTREAM, json));
+        assert!(is_json_not_found(
+            404,
+            "",
+            Some(b" Application/JSON;charset=utf-8")
+        ));
+        assert!(!is_json_not_found(404, VIA_UPSTREAM, plain));
+        assert!(!is_json_not_found(
+            404,
+            VIA_UPSTREAM,
+            Some(b"application/vnd.kubernetes.protobuf")
+        ));
+        assert!(!is_json_not_found(404, "route_not_found", json));
+        assert!(!is_json_not_found(200, VIA_UPSTREAM, json));
+        let bodies: &[(&[u8], bool)] = &[
+            // A real 1.36 asked for a 1.37-only resource of certificates.k8s.io/v1 (compact, as
+            // client-go gets it, and pretty, as curl does).
+            (br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the server could not find the requested resource","reason":"NotFound","details":{},"code":404}"#, true),
+            (b"{\n  \"kind\": \"Status\",\n  \"apiVersion\": \"v1\",\n  \"metadata\": {},\n  \"status\": \"Failure\",\n  \"message\": \"the server could not find the requested resource\",\n  \"reason\": \"NotFound\",\n  \"details\": {},\n  \"code\": 404\n}", true),
+            (br#"{"kind":"Status","reason":"NotFound","code":404}"#, true),
+            // A missing object: named.
+            (br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"configmaps \"x\" not found","reason":"NotFound","details":{"name":"x","kind":"configmaps"},"code":404}"#, false),
+            (br#"{"kind":"Status","reason":"NotFound","details":{"kind":"pods"}}"#, false),
+            // Anything else.
+            (br#"{"kind":"Status","reason":"Forbidden","details":{}}"#, false),
+            (br#"{"kind":"ConfigMap","reason":"NotFound"}"#, false),
+            (b"404 page not found", false),
+            (b"", false),
+            (br#"{"kind":7}"#, false),
+        ];
+        for (body, want) in bodies {
+            assert_eq!(
+                is_no_route(body),
+                *want,
+                "{}",
+                String::from_utf8_lossy(body)
             );
         }
         let r = not_served("g/v, Resource=r");

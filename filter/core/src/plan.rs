@@ -450,6 +450,7 @@ pub fn plan_request<'a, N: AsRef<str>, V: AsRef<[u8]>>(
                         by: ServedBy::Peer,
                         target: Target::new(&gv.group, &gv.version, "", ""),
                         relayed: false,
+                        collection: false,
                     }),
                     uncacheable: true,
                     ..ResponsePlan::default()
@@ -720,6 +721,10 @@ pub struct Served {
     /// `attach`, `log` and `portforward` subresources): a `404 page not found` there may be
     /// the pod's or the kubelet's, not the apiserver's.
     pub relayed: bool,
+    /// A list, watch or deletecollection: kube answers none of them NotFound for a route it
+    /// has (a missing namespace lists empty), so a JSON 404 is its generic NotFound, no body
+    /// needed to tell.
+    pub collection: bool,
 }
 
 impl Served {
@@ -735,10 +740,12 @@ impl Served {
                 &*info.subresource,
                 "proxy" | "exec" | "attach" | "log" | "portforward"
             );
+        let collection = matches!(&*info.verb, "list" | "watch" | "deletecollection");
         Served {
             by,
             target: Target::of(info),
             relayed,
+            collection,
         }
     }
 }
@@ -912,6 +919,12 @@ pub enum ResponseDecision<'a> {
     /// The local apiserver's 200 for `/openapi/v3`: apply these header changes now, buffer the
     /// body (at most [`openapi::MAX_ROOT_BYTES`]) and send [`openapi::union_root`] of it.
     AddOpenApiEntries(Vec<HeaderOp<'a>>),
+    /// A JSON 404 from an apiserver the routing table says serves the request, for an object
+    /// (a collection's is decided at once): hold the headers, buffer the body (at most
+    /// [`local_reply::MAX_NOT_FOUND_BODY`]) and decide on it with
+    /// [`ResponsePlan::decide_not_found_body`]. A host that cannot hold response headers while
+    /// it reads the body passes it as it came.
+    ReadNotFound,
 }
 
 /// The `:status` of a response; 0 when absent or unreadable.
@@ -973,7 +986,30 @@ impl ResponsePlan {
         details: &str,
         content_type: Option<&[u8]>,
     ) -> ResponseDecision<'c> {
-        let decision = self.decide_cacheable(compiled, code, details, content_type);
+        self.uncacheable_if_asked(self.decide_cacheable(compiled, code, details, content_type))
+    }
+
+    /// The body of a JSON 404 [`decide`](Self::decide) asked to read
+    /// ([`ResponseDecision::ReadNotFound`]): kube's generic NotFound means the apiserver has no
+    /// route for the request, although the routing table says it serves it, the same as its
+    /// `404 page not found`: a 503. A missing object's NotFound, or a body past
+    /// [`local_reply::MAX_NOT_FOUND_BODY`] (`None`), passes.
+    pub fn decide_not_found_body<'c>(
+        &self,
+        compiled: &'c CompiledConfig,
+        body: Option<&[u8]>,
+    ) -> ResponseDecision<'c> {
+        let decision = match body.filter(|b| local_reply::is_no_route(b)) {
+            Some(_) => self
+                .not_served_replacement(compiled)
+                .map_or(ResponseDecision::Pass, ResponseDecision::Replace),
+            None => ResponseDecision::Pass,
+        };
+        self.uncacheable_if_asked(decision)
+    }
+
+    /// Every answer to an [`uncacheable`](Self::uncacheable) request gets [`UNCACHEABLE`] last.
+    fn uncacheable_if_asked<'c>(&self, decision: ResponseDecision<'c>) -> ResponseDecision<'c> {
         if !self.uncacheable {
             return decision;
         }
@@ -991,6 +1027,8 @@ impl ResponsePlan {
                 headers.extend(UNCACHEABLE);
                 ResponseDecision::AddOpenApiEntries(headers)
             }
+            // Decided once the body is read, where this applies again.
+            ResponseDecision::ReadNotFound => ResponseDecision::ReadNotFound,
         }
     }
 
@@ -1018,6 +1056,16 @@ impl ResponsePlan {
         }
         if let Some(replacement) = self.not_served(compiled, code, details, content_type) {
             return ResponseDecision::Replace(replacement);
+        }
+        if self.needs_content_type(code, details)
+            && local_reply::is_json_not_found(code, details, content_type)
+        {
+            if self.served.as_ref().is_some_and(|s| s.collection) {
+                if let Some(replacement) = self.not_served_replacement(compiled) {
+                    return ResponseDecision::Replace(replacement);
+                }
+            }
+            return ResponseDecision::ReadNotFound;
         }
         if let Some(replacement) = self.departed_unreachable(compiled, code, details) {
             return ResponseDecision::Replace(replacement);
@@ -1099,12 +1147,18 @@ impl ResponsePlan {
         details: &str,
         content_type: Option<&[u8]>,
     ) -> Option<Replacement<'c>> {
-        let served = self.served.as_ref()?;
         if !self.needs_content_type(code, details)
             || !local_reply::is_page_not_found(code, details, content_type)
         {
             return None;
         }
+        self.not_served_replacement(compiled)
+    }
+
+    /// The 503 of the 404 safety net, for an apiserver that said it has no route for what the
+    /// routing table says it serves (its `404 page not found`, or kube's generic NotFound).
+    fn not_served_replacement<'c>(&self, compiled: &CompiledConfig) -> Option<Replacement<'c>> {
+        let served = self.served.as_ref()?;
         let rewrite = match served.by {
             ServedBy::Unknown => local_reply::not_known(&served.target.to_string()),
             ServedBy::Local | ServedBy::Peer | ServedBy::Departed => {
@@ -1168,6 +1222,9 @@ impl ResponsePlan {
 
 #[cfg(test)]
 mod tests {
+    /// A missing object's NotFound, as kube-apiserver answers it.
+    const MISSING_OBJECT: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"deployments.apps \"gone\" not found","reason":"NotFound","details":{"name":"gone","group":"apps","kind":"deployments"},"code":404}"#;
+
     use super::*;
     use crate::config::SCHEMA_VERSION;
     use crate::config::{DiscoveryConfig, GroupVersionRoutes, JsonDocument, ResourceRoute};
@@ -1605,6 +1662,7 @@ mod tests {
                 by: ServedBy::Peer,
                 target: Target::new("g", "v", "r", ""),
                 relayed: false,
+                collection: false,
             }),
         };
         let local = ResponsePlan::default();
@@ -1844,6 +1902,11 @@ mod tests {
         ));
         assert_eq!(
             response.decide(&c, 404, VIA, Some(b"application/json")),
+            ResponseDecision::ReadNotFound,
+            "a JSON 404 is read"
+        );
+        assert_eq!(
+            response.decide_not_found_body(&c, Some(MISSING_OBJECT.as_bytes())),
             ResponseDecision::Pass,
             "a missing object's 404 from the apiserver that serves the resource stands"
         );
@@ -2144,7 +2207,14 @@ mod tests {
             let plan = f.response;
             assert_eq!(plan.needs_content_type(code, details), reads, "{name}");
             let content_type = if reads { content_type } else { None };
-            match (plan.decide(&c, code, details, content_type), want) {
+            let decision = match plan.decide(&c, code, details, content_type) {
+                // A JSON 404 is decided on its body: a missing object's stands.
+                ResponseDecision::ReadNotFound => {
+                    plan.decide_not_found_body(&c, Some(MISSING_OBJECT.as_bytes()))
+                }
+                decision => decision,
+            };
+            match (decision, want) {
                 (ResponseDecision::Pass, None) => {}
                 (ResponseDecision::Replace(r), Some(target)) => {
                     let by = plan.served.as_ref().unwrap().by;
@@ -2267,7 +2337,14 @@ mod tests {
         ] {
             let h = headers("GET", path, token);
             let f = forward(plan_request(&h, None, &c));
-            match f.response.decide(&c, 404, via, content_type) {
+            let decision = match f.response.decide(&c, 404, via, content_type) {
+                // A missing object's JSON 404 stands, read or not.
+                ResponseDecision::ReadNotFound => f
+                    .response
+                    .decide_not_found_body(&c, Some(MISSING_OBJECT.as_bytes())),
+                decision => decision,
+            };
+            match decision {
                 ResponseDecision::Replace(r) if replaced => {
                     assert_eq!(
                         r.cause,

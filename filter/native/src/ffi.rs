@@ -779,10 +779,13 @@ extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
 ) -> c_int {
     guard("on_http_filter_response_headers", CONTINUE, || {
         // SAFETY: a live stream's object.
-        if let Some(filter) = unsafe { stream(filter) } {
-            filter.on_response_headers(end_of_stream);
+        match unsafe { stream(filter) } {
+            Some(filter) => match filter.on_response_headers(end_of_stream) {
+                filter::Next::Continue => CONTINUE,
+                filter::Next::Stop => HEADERS_STOP_ITERATION,
+            },
+            None => CONTINUE,
         }
-        CONTINUE
     })
 }
 

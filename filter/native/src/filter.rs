@@ -249,9 +249,14 @@ impl NativeFilter {
         }
     }
 
-    pub fn on_response_headers(&mut self, end_of_stream: bool) {
-        if self.decoded {
-            self.request.on_response_headers(end_of_stream);
+    /// Stops only to read a JSON 404's body with its headers held (the core decides).
+    pub fn on_response_headers(&mut self, end_of_stream: bool) -> Next {
+        if !self.decoded {
+            return Next::Continue;
+        }
+        match self.request.on_response_headers(end_of_stream) {
+            Action::Continue => Next::Continue,
+            Action::Pause => Next::Stop,
         }
     }
 
@@ -398,6 +403,12 @@ impl Host for NativeHost {
         body.extend(self.filter.body(Body::ReceivedResponse).map_err(refused)?);
         body.truncate(size);
         Ok(Some(body))
+    }
+
+    /// Envoy's dynamic modules keep calling the body hook while the response headers are
+    /// stopped, and the headers stay the filter's to change until it continues.
+    fn holds_response_headers(&self) -> bool {
+        true
     }
 
     /// `name` is the pipeline's stat name, `metric;label=value;...`: the metric was defined

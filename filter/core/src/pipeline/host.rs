@@ -174,6 +174,14 @@ pub trait Host {
     fn replace_response_body(&mut self, size: usize, body: &[u8]) -> Result<(), HostError>;
     /// The first `size` bytes of the response body buffered so far.
     fn response_body(&mut self, size: usize) -> Result<Option<Bytes>, HostError>;
+    /// Whether a [`Action::Pause`] at the response headers holds them while the body keeps
+    /// coming to the body callback, where the held headers can still be changed. Envoy's
+    /// dynamic modules do; proxy-wasm does not (its host turns that pause into "stop
+    /// everything", and no body callback comes until the filter resumes, which sends the
+    /// headers), so there a JSON 404 that only its body tells apart passes as it came.
+    fn holds_response_headers(&self) -> bool {
+        false
+    }
     /// Define a counter named `name` (Envoy: `wasmcustom.<name>`); its id.
     fn define_metric(&mut self, name: &str) -> Result<u32, HostError>;
     fn increment_metric(&mut self, id: u32) -> Result<(), HostError>;

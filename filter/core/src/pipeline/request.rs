@@ -46,8 +46,8 @@ pub struct Worker {
     /// The info line for each request we answer 503 because no live apiserver is known to
     /// serve it now (retained, or a peer's discovery pending): at most one per window.
     pub unavailable_log: Cell<LogLimit>,
-    /// The info line for each apiserver `404 page not found` we answer 503 (the apiserver's
-    /// view is out of date): at most one per window.
+    /// The info line for each apiserver's 404 for a path it has no route for that we answer 503
+    /// (our view of it is out of date): at most one per window.
     pub not_served_log: Cell<LogLimit>,
 }
 
@@ -72,6 +72,9 @@ pub struct Request<H> {
     replacement_sent: bool,
     /// The local `/openapi/v3` answer is being buffered to add the peer-only entries to.
     openapi_root: bool,
+    /// A JSON 404 is being buffered, its headers held, to see whether it is kube's generic
+    /// NotFound ([`ResponseDecision::ReadNotFound`]).
+    not_found_body: bool,
 }
 
 impl<H: Host> Request<H> {
@@ -84,6 +87,7 @@ impl<H: Host> Request<H> {
             replacement: None,
             replacement_sent: false,
             openapi_root: false,
+            not_found_body: false,
         }
     }
 
@@ -187,7 +191,8 @@ impl<H: Host> Request<H> {
         Ok(Action::Continue)
     }
 
-    /// Step 9, and the merged discovery answer.
+    /// Step 9, and the merged discovery answer. Pauses only to read a JSON 404's body, its
+    /// headers held until it is read.
     pub fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
         if let Err(e) = self.map_response() {
             self.host.log(
@@ -196,11 +201,16 @@ impl<H: Host> Request<H> {
             );
         }
         if end_of_stream {
-            // No body follows (HEAD): nothing to replace or add to.
+            // No body follows (HEAD): nothing to replace, add to or read.
             self.replacement = None;
             self.openapi_root = false;
+            self.not_found_body = false;
         }
-        Action::Continue
+        if self.not_found_body {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
     }
 
     fn map_response(&mut self) -> Result<(), HostError> {
@@ -220,14 +230,27 @@ impl<H: Host> Request<H> {
         } else {
             None
         };
-        let decision = self.response.decide(
-            &self.config.compiled,
-            code,
-            &details,
-            content_type.as_deref(),
-        );
+        let config = self.config.clone();
+        let decision =
+            self.response
+                .decide(&config.compiled, code, &details, content_type.as_deref());
+        self.apply(decision, code, &details)
+    }
+
+    /// Carry out a response decision: counters, log lines, header changes, and the body to
+    /// send in place of the apiserver's.
+    fn apply(
+        &mut self,
+        decision: ResponseDecision<'_>,
+        code: u16,
+        details: &str,
+    ) -> Result<(), HostError> {
         let replacement = match decision {
-            ResponseDecision::Pass => {
+            ResponseDecision::ReadNotFound if self.host.holds_response_headers() => {
+                self.not_found_body = true;
+                return Ok(());
+            }
+            ResponseDecision::Pass | ResponseDecision::ReadNotFound => {
                 if let Some(counter) = self.response.rerouted(&self.config.compiled, code) {
                     count(&mut self.host, &self.config, counter);
                 }
@@ -292,7 +315,7 @@ impl<H: Host> Request<H> {
                     &mut self.host,
                     &self.worker.not_served_log,
                     format_args!(
-                        "skewgate: {by} answered 404 page not found for {}, which the routing \
+                        "skewgate: {by} answered that it has no route for {}, which the routing \
                          table says it serves (restarted?); answering 503",
                         DisplayOr(target)
                     ),
@@ -310,7 +333,7 @@ impl<H: Host> Request<H> {
     /// send, or the local `/openapi/v3` answer to complete. A shell whose host must measure
     /// the body first can skip that for every other response.
     pub fn wants_response_body(&self) -> bool {
-        self.openapi_root || self.replacement.is_some()
+        self.openapi_root || self.not_found_body || self.replacement.is_some()
     }
 
     /// The replacement goes out in place of the first chunk, and every later chunk of the
@@ -320,6 +343,13 @@ impl<H: Host> Request<H> {
     pub fn on_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.openapi_root {
             return self.add_openapi_entries(body_size, end_of_stream);
+        }
+        if self.not_found_body {
+            match self.read_not_found(body_size, end_of_stream) {
+                Action::Pause => return Action::Pause,
+                // Replaced (the body goes out below) or passed as it came.
+                Action::Continue => {}
+            }
         }
         let Some(replacement) = &self.replacement else {
             return Action::Continue;
@@ -346,7 +376,44 @@ impl<H: Host> Request<H> {
 }
 
 impl<H: Host> Request<H> {
-    /// The one body the filter buffers: the local `/openapi/v3` answer (a few KiB), held until
+    /// A JSON 404 held at its headers: buffered until complete (at most
+    /// [`local_reply::MAX_NOT_FOUND_BODY`](crate::local_reply::MAX_NOT_FOUND_BODY): past it
+    /// the answer passes unread), then decided on its body. The held headers are changed now
+    /// if it becomes a 503.
+    fn read_not_found(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let too_large = body_size > crate::local_reply::MAX_NOT_FOUND_BODY;
+        if !end_of_stream && !too_large {
+            return Action::Pause;
+        }
+        self.not_found_body = false;
+        let body = if too_large {
+            None
+        } else {
+            match self.host.response_body(body_size) {
+                Ok(body) => Some(body.unwrap_or_default()),
+                Err(e) => {
+                    self.host.log(
+                        Level::Error,
+                        format_args!("skewgate: reading a 404's body failed: {e:?}"),
+                    );
+                    None
+                }
+            }
+        };
+        let config = self.config.clone();
+        let decision = self
+            .response
+            .decide_not_found_body(&config.compiled, body.as_deref());
+        if let Err(e) = self.apply(decision, 404, crate::local_reply::VIA_UPSTREAM) {
+            self.host.log(
+                Level::Error,
+                format_args!("skewgate: host call failed while mapping a 404: {e:?}"),
+            );
+        }
+        Action::Continue
+    }
+
+    /// The other body the filter buffers: the local `/openapi/v3` answer (a few KiB), held until
     /// it is complete, then sent with the peer-only entries added, at most
     /// [`openapi::MAX_UNION_BYTES`]. Past [`openapi::MAX_ROOT_BYTES`] it is released
     /// unchanged, long before Envoy's buffer limit; an answer that is not a root stands too

@@ -149,6 +149,8 @@ struct FakeHost {
     logs: Vec<(Level, String)>,
     /// A call (by name) that fails with `HostError(INTERNAL_FAILURE)`.
     failing: Option<&'static str>,
+    /// Like Envoy's dynamic modules (`true`) or proxy-wasm (`false`, the default).
+    holds_response_headers: bool,
 }
 
 impl FakeHost {
@@ -289,6 +291,10 @@ impl Host for FakeHost {
         Ok(Some(
             self.upstream_body.iter().copied().take(size).collect(),
         ))
+    }
+
+    fn holds_response_headers(&self) -> bool {
+        self.holds_response_headers
     }
 
     fn define_metric(&mut self, name: &str) -> Result<u32, HostError> {
@@ -804,11 +810,26 @@ fn round_trip(
         .iter()
         .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
         .collect();
-    assert_eq!(req.on_response_headers(end_of_stream), Action::Continue);
+    // Only a JSON 404 is held at its headers, to read its body.
+    let reading = req.on_response_headers(end_of_stream) == Action::Pause;
+    assert!(!reading || !end_of_stream);
     if !end_of_stream {
-        // The original body in three chunks.
-        for size in [100, 50, 7] {
-            assert_eq!(req.on_response_body(size, false), Action::Continue);
+        // The original body in three chunks; while it is read, each size is all of it so far
+        // (Envoy buffers), and the chunks before the last wait.
+        let n = req.host.upstream_body.len();
+        let sizes = if reading {
+            [n / 3, n * 2 / 3, n]
+        } else {
+            [100, 50, 7]
+        };
+        for (i, size) in sizes.into_iter().enumerate() {
+            let last = i == 2;
+            let want = if reading && !last {
+                Action::Pause
+            } else {
+                Action::Continue
+            };
+            assert_eq!(req.on_response_body(size, last), want);
         }
     }
     req
@@ -1286,7 +1307,8 @@ fn a_page_not_found_from_a_serving_apiserver_becomes_a_503() {
     let cases: [(&str, &str, Option<&str>); 6] = [
         (DEPLOYMENTS, plain, Some("the local apiserver")),
         (RESOURCECLAIM, plain, Some("a peer apiserver")),
-        (DEPLOYMENTS, "application/json", None),
+        // A list never answers NotFound for a route kube has: its JSON 404 is no route.
+        (DEPLOYMENTS, "application/json", Some("the local apiserver")),
         (RESOURCECLAIM, "application/vnd.kubernetes.protobuf", None),
         ("/apis/apps/v1/namespaces/d/replicasets", plain, None),
         ("/openapi/v3/apis/nope", plain, None),
@@ -1355,10 +1377,152 @@ fn a_page_not_found_from_a_serving_apiserver_becomes_a_503() {
         assert_eq!(
             host.infos(),
             [format!(
-                "skewgate: {by} answered 404 page not found for {target}, which the routing \
+                "skewgate: {by} answered that it has no route for {target}, which the routing \
                  table says it serves (restarted?); answering 503"
             )],
             "{name}"
+        );
+    }
+}
+
+/// kube's generic NotFound (JSON: "the server could not find the requested resource", no
+/// object named) is what a real kube-apiserver answers for a resource it does not serve in a
+/// group-version it serves: from an apiserver the routing table says serves it, a 503 like its
+/// `404 page not found`, decided on the body with the headers held. A missing object's
+/// NotFound, a body too large to be that answer, and a body-less 404 pass as they came.
+#[test]
+fn kubes_generic_not_found_from_a_serving_apiserver_becomes_a_503() {
+    let no_route = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the server could not find the requested resource","reason":"NotFound","details":{},"code":404}"#;
+    let missing = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"deployments.apps \"x\" not found","reason":"NotFound","details":{"name":"x","group":"apps","kind":"deployments"},"code":404}"#;
+    let padded = format!(
+        "{}{}",
+        no_route,
+        " ".repeat(crate::local_reply::MAX_NOT_FOUND_BODY)
+    );
+    const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/web";
+    // (path, body, replaced by). An object's: only its body tells.
+    let cases: [(&str, &str, Option<&str>); 5] = [
+        (DEPLOYMENT, no_route, Some("the local apiserver")),
+        (RESOURCECLAIM, no_route, Some("a peer apiserver")),
+        (DEPLOYMENT, missing, None),
+        (DEPLOYMENT, &padded, None),
+        // Nobody serves it: the 404 is the truth, and is not even read.
+        ("/apis/apps/v1/namespaces/d/replicasets/x", no_route, None),
+    ];
+    for (path, body, replaced) in cases {
+        let name = format!("{path} {}", &body[..60.min(body.len())]);
+        let mut host = FakeHost {
+            request: request_headers("GET", path.as_bytes(), &[TOKEN]),
+            upstream_body: body.as_bytes().to_vec(),
+            holds_response_headers: true,
+            ..FakeHost::default()
+        };
+        host.properties.insert(
+            vec!["response".into(), "code_details".into()],
+            b"via_upstream".to_vec(),
+        );
+        let mut req = request(host);
+        assert_eq!(req.on_request_headers(), Action::Continue);
+        req.host.response = [
+            (":status", "404"),
+            ("content-type", "application/json"),
+            ("content-length", "162"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+        .collect();
+        let served = path != "/apis/apps/v1/namespaces/d/replicasets/x";
+        let held = req.on_response_headers(false);
+        assert_eq!(held == Action::Pause, served, "{name}");
+        if served {
+            // The first piece waits for the rest (unless it is already too large).
+            let first = body.len() / 2;
+            let want = if first > crate::local_reply::MAX_NOT_FOUND_BODY {
+                Action::Continue
+            } else {
+                Action::Pause
+            };
+            assert_eq!(req.on_response_body(first, false), want, "{name}");
+            if want == Action::Pause {
+                assert_eq!(req.on_response_body(body.len(), true), Action::Continue);
+            }
+        }
+        let host = &req.host;
+        let read = host.calls.iter().any(|c| c.starts_with("response_body"));
+        assert_eq!(
+            read,
+            served && body.len() <= crate::local_reply::MAX_NOT_FOUND_BODY,
+            "{name}"
+        );
+        let Some(by) = replaced else {
+            assert_eq!(host.values(Headers::Response, ":status"), ["404"], "{name}");
+            assert_eq!(
+                host.values(Headers::Response, "content-length"),
+                ["162"],
+                "{name}"
+            );
+            assert!(host.bodies.is_empty(), "{name}");
+            assert_eq!(host.count(NOT_SERVED), 0, "{name}");
+            continue;
+        };
+        assert_eq!(host.values(Headers::Response, ":status"), ["503"], "{name}");
+        assert!(host.values(Headers::Response, "content-length").is_empty());
+        assert_eq!(
+            host.values(Headers::Response, "retry-after"),
+            ["5"],
+            "{name}"
+        );
+        let sent: serde_json::Value = serde_json::from_slice(&host.bodies[0]).unwrap();
+        assert_eq!(sent["reason"], "ServiceUnavailable", "{name}");
+        assert_eq!(host.count(NOT_SERVED), 1, "{name}");
+        assert!(
+            host.infos()[0]
+                .starts_with(&format!("skewgate: {by} answered that it has no route for")),
+            "{name}: {:?}",
+            host.infos()
+        );
+    }
+}
+
+/// A host that cannot hold the response headers while it reads the body (proxy-wasm): an
+/// object's JSON 404 passes unread; a list's is no route whatever its body, decided at once.
+#[test]
+fn without_held_headers_only_a_collections_json_404_becomes_a_503() {
+    for (path, status) in [
+        ("/apis/apps/v1/namespaces/default/deployments/web", "404"),
+        (DEPLOYMENTS, "503"),
+        (
+            "/apis/apps/v1/namespaces/default/deployments?watch=1",
+            "503",
+        ),
+    ] {
+        let mut host = FakeHost {
+            request: request_headers("GET", path.as_bytes(), &[TOKEN]),
+            ..FakeHost::default()
+        };
+        host.properties.insert(
+            vec!["response".into(), "code_details".into()],
+            b"via_upstream".to_vec(),
+        );
+        let mut req = request(host);
+        assert_eq!(req.on_request_headers(), Action::Continue);
+        req.host.response = vec![
+            (":status".into(), b"404".to_vec()),
+            ("content-type".into(), b"application/json".to_vec()),
+        ];
+        assert_eq!(req.on_response_headers(false), Action::Continue, "{path}");
+        assert_eq!(req.on_response_body(162, true), Action::Continue, "{path}");
+        assert_eq!(
+            req.host.values(Headers::Response, ":status"),
+            [status],
+            "{path}"
+        );
+        assert!(
+            !req.host
+                .calls
+                .iter()
+                .any(|c| c.starts_with("response_body")),
+            "{path}: never read"
         );
     }
 }
@@ -1416,9 +1580,14 @@ fn only_a_served_404_reads_the_content_type() {
         let mut req = request(host);
         assert_eq!(req.on_request_headers(), Action::Continue);
         let before = req.host.calls.len();
+        // Protobuf: a 404 whose content type is read and nothing more (a JSON one may be
+        // decided at once, or held for its body).
         req.host.response = vec![
             (":status".into(), status.as_bytes().to_vec()),
-            ("content-type".into(), b"application/json".to_vec()),
+            (
+                "content-type".into(),
+                b"application/vnd.kubernetes.protobuf".to_vec(),
+            ),
         ];
         assert_eq!(req.on_response_headers(false), Action::Continue);
         assert_eq!(req.on_response_body(10, false), Action::Continue);
