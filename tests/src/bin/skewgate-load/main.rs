@@ -33,9 +33,9 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, Semaphore};
 
-/// The request mix: list requests (all namespaces) by group/version/resource. The first two only
-/// 1.30 serves, the next two only 1.33, the last two both (checked against the fixtures by the
-/// report, not assumed here).
+/// The default request mix (`--gvr`): list requests (all namespaces) by group/version/resource.
+/// The first two only 1.30 serves, the next two only 1.33, the last two both (checked against
+/// the fixtures by the report, not assumed here).
 const GVRS: &[&str] = &[
     "resource.k8s.io/v1alpha2/resourceclaims",
     "flowcontrol.apiserver.k8s.io/v1beta3/flowschemas",
@@ -109,6 +109,10 @@ struct RunArgs {
     /// Requests in flight per node beyond which a tick is shed (recorded, not sent).
     #[arg(long, default_value_t = 256)]
     max_in_flight: usize,
+    /// A group/version/resource to list (`apps/v1/deployments`, `v1/pods`; repeatable), in
+    /// place of the default mix of 1.30-only, 1.33-only and common ones.
+    #[arg(long = "gvr", value_name = "GROUP/VERSION/RESOURCE")]
+    gvrs: Vec<String>,
     #[command(flatten)]
     report: ReportArgs,
 }
@@ -381,11 +385,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             )
         })
         .collect();
+    let gvrs: Vec<String> = if args.gvrs.is_empty() {
+        GVRS.iter().map(|g| g.to_string()).collect()
+    } else {
+        args.gvrs.clone()
+    };
     eprintln!(
         "skewgate-load: {} req/s over {} nodes x {} GVRs, discovery every 1s, at most {:?}",
         args.rate,
         nodes.len(),
-        GVRS.len(),
+        gvrs.len(),
         args.duration
     );
     let deadline = Instant::now() + args.duration;
@@ -398,7 +407,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = load.tick() => {
                 let (node, url, sem) = &nodes[i % nodes.len()];
-                let gvr = GVRS[(i / nodes.len()) % GVRS.len()];
+                let gvr = &gvrs[(i / nodes.len()) % gvrs.len()];
                 i += 1;
                 match sem.clone().try_acquire_owned() {
                     Ok(permit) => {
