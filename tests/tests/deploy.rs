@@ -271,6 +271,62 @@ fn the_compose_nodes_run_the_args_files() -> Result<()> {
     Ok(())
 }
 
+/// The flags deploy/kubeadm/kube-apiserver.md tells an operator to add to kube-apiserver (its
+/// first YAML block, kubeadm's `apiServer.extraArgs`) are the ones the real-apiserver suites run
+/// kube-apiserver with beside kubeadm's (tests/compose/real/kube-apiserver.skewgate.args).
+#[test]
+fn the_real_suites_run_kube_apiserver_with_the_documented_change() -> Result<()> {
+    let doc = std::fs::read_to_string(repo_root().join("deploy/kubeadm/kube-apiserver.md"))?;
+    let block = doc
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .context("deploy/kubeadm/kube-apiserver.md: no yaml block")?;
+    let out = Command::new(python_bin()?)
+        .arg("-c")
+        .arg("import json, sys, yaml; print(json.dumps(yaml.safe_load(sys.stdin)))")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .context("stdin")
+                .map_err(std::io::Error::other)?
+                .write_all(block.as_bytes())?;
+            child.wait_with_output()
+        })?;
+    ensure!(out.status.success(), "the block is not YAML: {block}");
+    let config: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let documented: Vec<String> = config["apiServer"]["extraArgs"]
+        .as_array()
+        .context("apiServer.extraArgs")?
+        .iter()
+        .map(|a| {
+            format!(
+                "--{}={}",
+                a["name"].as_str().unwrap_or(""),
+                a["value"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    let run = std::fs::read_to_string(
+        repo_root().join("tests/compose/real/kube-apiserver.skewgate.args"),
+    )?;
+    let ran: Vec<String> = run
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    ensure!(
+        documented == ran,
+        "deploy/kubeadm/kube-apiserver.md says {documented:?}, the real suites run {ran:?}"
+    );
+    Ok(())
+}
+
 /// A static pod as the kubelet reads it: YAML (PyYAML, `.tools/venv`) into the typed `Pod`.
 fn pod(manifest: &str) -> Result<Pod> {
     let path = repo_root().join("deploy/kubeadm").join(manifest);
