@@ -26,23 +26,17 @@ pub const REAL_RELEASES: [&str; 2] = ["1.36", "1.37"];
 
 /// `.tools/kube/kubernetes-<release>/<binary>`, or an error naming the install step.
 pub fn real_kube_bin(release: &str, binary: &str) -> Result<PathBuf> {
-    let path = repo_root()
-        .join(".tools/kube")
-        .join(format!("kubernetes-{release}"))
-        .join(binary);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        bail!(
-            "{} not found: run scripts/setup (tests/kube/build builds it)",
-            path.display()
-        )
-    }
+    built(&format!("kubernetes-{release}/{binary}"))
 }
 
 /// The etcd 3.6 `tests/kube/build` builds.
 pub fn real_etcd_bin() -> Result<PathBuf> {
-    let path = repo_root().join(".tools/kube/etcd-3.6/etcd");
+    built("etcd-3.6/etcd")
+}
+
+/// `.tools/kube/<path>`, which `tests/kube/build` (run by `scripts/setup`) makes.
+fn built(path: &str) -> Result<PathBuf> {
+    let path = repo_root().join(".tools/kube").join(path);
     if path.is_file() {
         Ok(path)
     } else {

@@ -128,6 +128,35 @@ async fn envoy_keeps_serving_while_the_control_plane_restarts() -> Result<()> {
 
 /// A cluster of Envoy's `/config_dump`, as Envoy itself renders it, without what names it: the
 /// static fallback clusters and the control plane's (CDS) are compared with it.
+/// Envoy in front of `local` over TLS, on the bootstrap of `control`'s flags, with the control
+/// plane not started: after `wait` it runs its fallback. The bootstrap alone writes the SDS
+/// files its fallback clusters need (in its own --sds-dir, which `run` never writes to).
+async fn envoy_without_its_control_plane(
+    control: &Control,
+    local: &SimApiserver,
+    pki: &TestPki,
+    wait: &str,
+) -> Result<Envoy> {
+    let mut envoy = live_envoy_with(
+        control,
+        Some(pki),
+        None,
+        &[
+            [
+                format!("--control-plane-wait={wait}"),
+                format!("--local-apiserver-url={}", local.url()),
+            ]
+            .as_slice(),
+            &filter_flags()?,
+            &upstream_tls_flags(pki),
+        ]
+        .concat(),
+    )
+    .await?;
+    envoy.wait_ready().await.context("Envoy opened no port")?;
+    Ok(envoy)
+}
+
 async fn cluster_dump(envoy: &Envoy, name: &str) -> Result<serde_json::Value> {
     let dump: serde_json::Value =
         serde_json::from_str(&envoy.admin("/config_dump?resource=static_clusters").await?)?;
@@ -167,23 +196,7 @@ async fn local_only_a_resource_the_local_group_version_lacks_is_a_503_not_a_404(
     let a =
         SimApiserver::start_with(shared("apiserver-a", "k8s-1.36", &etcd).with_pki(&pki)).await?;
     let control = Control::secure(&a, dir.path(), &pki)?;
-    let mut envoy = live_envoy_with(
-        &control,
-        Some(&pki),
-        None,
-        &[
-            [
-                "--control-plane-wait=1s".into(),
-                format!("--local-apiserver-url={}", a.url()),
-            ]
-            .as_slice(),
-            &filter_flags()?,
-            &upstream_tls_flags(&pki),
-        ]
-        .concat(),
-    )
-    .await?;
-    envoy.wait_ready().await.context("Envoy opened no port")?;
+    let envoy = envoy_without_its_control_plane(&control, &a, &pki, "1s").await?;
     let admin = pki.client_cert("admin", &Subject::new().o("system:masters").cn("admin"))?;
     let client = pki.client(Some(&admin))?;
     let bundles = "/apis/certificates.k8s.io/v1/clustertrustbundles";
@@ -252,25 +265,7 @@ async fn envoy_serves_local_only_without_its_control_plane_then_the_live_configu
     let b =
         SimApiserver::start_with(shared("apiserver-b", "k8s-1.33", &etcd).with_pki(&pki)).await?;
     let mut control = Control::secure(&a, dir.path(), &pki)?;
-    // The control plane is not started. Envoy's bootstrap alone writes the SDS files its
-    // fallback clusters need (in its own --sds-dir, which `run` never writes to).
-    let mut envoy = live_envoy_with(
-        &control,
-        Some(&pki),
-        None,
-        &[
-            [
-                "--control-plane-wait=2s".into(),
-                format!("--local-apiserver-url={}", a.url()),
-            ]
-            .as_slice(),
-            &filter_flags()?,
-            &upstream_tls_flags(&pki),
-        ]
-        .concat(),
-    )
-    .await?;
-    envoy.wait_ready().await.context("Envoy opened no port")?;
+    let envoy = envoy_without_its_control_plane(&control, &a, &pki, "2s").await?;
     let alice = pki.client_cert("alice", &Subject::new().o("system:masters").cn("alice"))?;
     let with_cert = pki.client(Some(&alice))?;
     let plain = pki.client(None)?;

@@ -71,13 +71,18 @@ pub fn rewrite(routed: RoutedTo<'_>, code: u16, details: &str) -> Option<Rewrite
 /// `response.code_details`: the answer must come from the upstream (or be unknown: a retryable
 /// 503 is safer than a false 404); Envoy's own replies go through [`rewrite`].
 pub fn is_page_not_found(code: u16, details: &str, content_type: Option<&[u8]>) -> bool {
+    upstream_404_of(code, details, content_type, TEXT_PLAIN)
+}
+
+/// An apiserver's 404 (from the upstream, or of unknown origin) whose content type is `media`.
+fn upstream_404_of(code: u16, details: &str, content_type: Option<&[u8]>, media: &[u8]) -> bool {
     code == 404
         && (details == VIA_UPSTREAM || details.is_empty())
         && content_type.is_some_and(|value| {
             value
                 .trim_ascii_start()
-                .get(..TEXT_PLAIN.len())
-                .is_some_and(|media| media.eq_ignore_ascii_case(TEXT_PLAIN))
+                .get(..media.len())
+                .is_some_and(|m| m.eq_ignore_ascii_case(media))
         })
 }
 
@@ -89,14 +94,7 @@ const APPLICATION_JSON: &[u8] = b"application/json";
 /// resource, subresource or scope the group-version does not have, as a real 1.36 answers
 /// for a resource only 1.37 serves in `certificates.k8s.io/v1`), or a missing object.
 pub fn is_json_not_found(code: u16, details: &str, content_type: Option<&[u8]>) -> bool {
-    code == 404
-        && (details == VIA_UPSTREAM || details.is_empty())
-        && content_type.is_some_and(|value| {
-            value
-                .trim_ascii_start()
-                .get(..APPLICATION_JSON.len())
-                .is_some_and(|media| media.eq_ignore_ascii_case(APPLICATION_JSON))
-        })
+    upstream_404_of(code, details, content_type, APPLICATION_JSON)
 }
 
 /// The largest JSON 404 body read for [`is_no_route`]: kube's generic NotFound is about 200
