@@ -64,13 +64,45 @@ async fn kubectl_explains_and_applies_a_kind_only_a_peer_serves() -> Result<()> 
     )
     .await
     .with_context(|| format!("control plane log:\n{}", control.log()))?;
-    // The peer's entry, exactly; every local entry the local apiserver's own; nothing else but
-    // group-versions only the peer serves.
+    // The peer's entry, exactly; every local entry the local apiserver's own, but where the
+    // peer serves every kind of that group-version and more (networking.k8s.io/v1: 1.33 adds
+    // ipaddresses and servicecidrs), which is the peer's; nothing else but group-versions only
+    // the peer serves.
     assert_eq!(root["paths"][LEASE_CANDIDATES], peer_entry);
     let paths = root["paths"].as_object().context("paths")?;
+    let (ours, theirs) = (a.served()?, b.served()?);
+    let kinds = |served: &skewgate_control::discovery::ServedApis, path: &str| {
+        let gv = skewgate_core::openapi::group_version_of(path)?;
+        let keys = served.resources(&gv.group, &gv.version)?;
+        Some(
+            keys.iter()
+                .filter(|k| !k.contains('/'))
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>(),
+        )
+    };
+    let mut replaced = Vec::new();
     for (path, entry) in local_root["paths"].as_object().context("local paths")? {
-        assert_eq!(paths.get(path), Some(entry), "{path}: the local entry");
+        let peer_has_more = match (kinds(&ours, path), kinds(&theirs, path)) {
+            (Some(o), Some(t)) => t.len() > o.len() && t.is_superset(&o),
+            _ => false,
+        };
+        if peer_has_more {
+            assert_eq!(
+                paths.get(path),
+                peer_root["paths"].get(path),
+                "{path}: the peer's entry"
+            );
+            replaced.push(path.clone());
+        } else {
+            assert_eq!(paths.get(path), Some(entry), "{path}: the local entry");
+        }
     }
+    assert_eq!(
+        replaced,
+        ["apis/networking.k8s.io/v1"],
+        "replaced local entries"
+    );
     for (path, entry) in paths {
         if local_root["paths"].get(path).is_none() {
             assert_eq!(

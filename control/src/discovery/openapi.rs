@@ -132,12 +132,18 @@ pub fn peer_entries(
                 continue;
             };
             // A group-version the local apiserver serves keeps its own entry unless the peer
-            // serves every resource and subresource of it that the local one does, and more:
-            // a newer release, typically, whose document describes the local resources too.
-            // Where each serves something the other does not, neither document describes
-            // everything, and the local one stands.
+            // serves every kind of it that the local one does, and more: a newer release,
+            // typically, whose document describes the local kinds too, and the one `kubectl
+            // explain` needs for the new kinds. Subresources do not count (core/v1 grows by
+            // `pods/resize` in 1.33, and no kind is new there: the local document stands).
+            // Where each serves a kind the other does not, neither document describes
+            // everything, and the local one stands too.
             if let Some(ours) = local.resources(&gv.group, &gv.version) {
-                if !(theirs.len() > ours.len() && theirs.is_superset(ours)) {
+                let kinds = |keys: &std::collections::BTreeSet<String>| -> BTreeSet<String> {
+                    keys.iter().filter(|k| !k.contains('/')).cloned().collect()
+                };
+                let (theirs, ours) = (kinds(theirs), kinds(ours));
+                if !(theirs.len() > ours.len() && theirs.is_superset(&ours)) {
                     continue;
                 }
             }
@@ -334,7 +340,13 @@ mod tests {
             "podcertificaterequests/status",
         ]);
         let same = local.clone();
-        let different = served(&["certificatesigningrequests", "clustertrustbundles"]);
+        let different = served(&["clustertrustbundles"]);
+        // More subresources only (core/v1's pods/resize in 1.33): no new kind to explain.
+        let more_subresources = served(&[
+            "certificatesigningrequests",
+            "certificatesigningrequests/status",
+            "certificatesigningrequests/approval",
+        ]);
         let url = "/openapi/v3/apis/certificates.k8s.io/v1?hash=PEER";
         let root = root(&[(CERTS, url)]);
         let entry = |served| {
@@ -359,6 +371,7 @@ mod tests {
         );
         assert_eq!(entry(&same), None);
         assert_eq!(entry(&different), None);
+        assert_eq!(entry(&more_subresources), None);
         // A group-version the local apiserver does not serve at all: added, not replacing.
         let e = peer_entries(
             &ServedApis::new(),
