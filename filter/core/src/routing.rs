@@ -259,10 +259,12 @@ impl RoutingTable {
     }
 
     /// No known apiserver serves the key: the local 404 is the truth, unless a live peer's
-    /// discovery is not known yet.
+    /// discovery is not known yet. Every live peer's 404 is the same truth, so while the local
+    /// apiserver cannot be reached (restarting in an upgrade) a peer says it, through the
+    /// failover cluster of every live peer, rather than the client getting a 503.
     fn served_by_nobody(&self) -> Decision<'_> {
         if self.pending_peers.is_empty() {
-            Decision::local(Reason::ServedByNobody)
+            self.local_first(self.failover_all, Reason::ServedByNobody)
         } else {
             Decision {
                 upstream: Upstream::Unavailable,
@@ -885,8 +887,9 @@ mod tests {
             ),
             // Only the local apiserver serves it: nowhere else to go.
             ("GET", "/api/v1/namespaces", Upstream::Local, ServedLocally),
-            // Nobody serves it: the local 404 is the truth.
-            ("GET", "/api/v1/nothings", Upstream::Local, ServedByNobody),
+            // Nobody serves it: the local 404 is the truth, and any live peer's while the
+            // local apiserver cannot be reached.
+            ("GET", "/api/v1/nothings", first("fall-all"), ServedByNobody),
             // Every apiserver serves these.
             (
                 "GET",
