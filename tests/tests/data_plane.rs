@@ -210,8 +210,12 @@ async fn stopped_peer_gives_503_status_not_404() -> Result<()> {
     Ok(())
 }
 
+/// A peer that accepts connections and never answers (cut off, or hung): its health check
+/// (`/readyz` every second, a second to answer) finds it silent, so a request for what only it
+/// serves gets a retryable 503 at once, not after the route timeout (the apiservers'
+/// `--request-timeout` + 10 s). Before peers were health checked it waited out that bound.
 #[tokio::test]
-async fn peer_that_never_answers_gives_503_after_the_request_timeout() -> Result<()> {
+async fn a_peer_that_never_answers_gives_a_retryable_503_at_once() -> Result<()> {
     let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
     let b = SimApiserver::start("apiserver-b", "k8s-1.33").await?;
     let (hole, _task) = black_hole().await?;
@@ -219,20 +223,23 @@ async fn peer_that_never_answers_gives_503_after_the_request_timeout() -> Result
         address: hole,
         ..PeerSpec::of(&b)?
     };
-    // Envoy bounds short requests at the apiserver's request timeout + 10 s.
     let envoy = Envoy::start_with(&a, vec![hung], short_timeout()).await?;
+    // Its first checks need a few seconds to fail.
+    tokio::time::sleep(Duration::from_secs(4)).await;
     let resp = client()
         .get(format!("{}{CLAIMS_V1BETA2}", envoy.url()))
         .send()
         .await?;
     assert_eq!(resp.status(), 503);
+    assert_eq!(header(&resp, "retry-after"), "5");
     let status: Value = resp.json().await?;
     assert_eq!(status["reason"], "ServiceUnavailable");
     assert!(
         status["message"]
             .as_str()
             .unwrap_or_default()
-            .contains("did not answer (response_timeout)"),
+            // Envoy knew it silent: no response timeout.
+            .contains("could not be reached (no_healthy_upstream)"),
         "{status}"
     );
     Ok(())

@@ -330,6 +330,16 @@ fn circuit_breakers() -> CircuitBreakers {
     }
 }
 
+/// HTTP/2 PINGs on every upstream connection: every second, and one unanswered for a second
+/// closes the connection (Envoy adds up to 15 % jitter to the interval).
+fn keepalive() -> KeepaliveSettings {
+    KeepaliveSettings {
+        interval: seconds(1),
+        timeout: seconds(1),
+        ..Default::default()
+    }
+}
+
 /// The `/readyz` answers that mean "ready", half-open ranges: any below 500 but 403. A 5xx is
 /// what kube-apiserver's `/readyz` answers while not ready or shutting down; a 403 is its
 /// answer to an anonymous `/readyz` in its first second or so, before its RBAC bootstrap
@@ -338,9 +348,11 @@ fn circuit_breakers() -> CircuitBreakers {
 /// is there and past that point.
 pub const READY_STATUSES: [(i64, i64); 2] = [(200, 403), (404, 500)];
 
-/// The local apiserver's health, checked every second on [`HEALTH_CHECK_PATH`] (anonymously:
-/// see [`cluster`]): down after two failures (a refused or reset connection, a timeout, or an
-/// answer outside [`READY_STATUSES`]), up again after one success.
+/// An apiserver's health (the local one's, and each peer's through its peer port), checked
+/// every second on [`HEALTH_CHECK_PATH`] (anonymously: see [`cluster`]): down after two failures
+/// (a refused or reset connection, a timeout of a second, or an answer outside
+/// [`READY_STATUSES`]), up again after one success. A peer cut off from this node (while it
+/// still renews its Lease, so it is not departed) is out of its sets within about two seconds.
 fn local_health_check() -> HealthCheck {
     HealthCheck {
         timeout: seconds(1),
@@ -536,13 +548,13 @@ pub fn cluster(
             http_protocol_options: Some(Http1ProtocolOptions::default()),
             http2_protocol_options: Some(Http2ProtocolOptions {
                 // An apiserver cut off the network leaves a pooled HTTP/2 connection that
-                // neither answers nor resets: PINGs find it within 15 s, instead of every
-                // request on it waiting out the request timeout.
-                connection_keepalive: Some(KeepaliveSettings {
-                    interval: seconds(10),
-                    timeout: seconds(5),
-                    ..Default::default()
-                }),
+                // neither answers nor resets: a PING every second, and a connection that has not
+                // answered one within a second is closed, so the requests on it fail within
+                // about two seconds (the safe ones are retried on another peer) instead of
+                // waiting out the request timeout, and its watches end for their clients to
+                // start again. An apiserver answers PINGs from its connection's read loop,
+                // whatever its requests are doing: a slow LIST is not silence.
+                connection_keepalive: Some(keepalive()),
                 ..Default::default()
             }),
             ..Default::default()
@@ -556,9 +568,8 @@ pub fn cluster(
         .map(|dir| upstream_transport_socket(dir, auth))
         .transpose()?;
     let mut health_checks = match role {
-        Role::Local => vec![local_health_check()],
+        Role::Local | Role::Peer => vec![local_health_check()],
         Role::Departed => vec![departed_health_check()],
-        Role::Peer => Vec::new(),
     };
     // A health check presents no client certificate: the proxy-client certificate without the
     // X-Remote-User header authenticates nobody, and kube-apiserver logs "Unable to
@@ -596,16 +607,23 @@ pub fn cluster(
         circuit_breakers: Some(circuit_breakers()),
         health_checks,
         transport_socket_matches,
-        // A departed apiserver that is not ready gets nothing: Envoy's default (a panic
-        // threshold of 50 %) would send requests to it anyway once none of the set is healthy.
-        common_lb_config: (role == Role::Departed).then(|| CommonLbConfig {
+        // A peer or a departed apiserver that is not ready, or silent, gets nothing: Envoy's
+        // default (a panic threshold of 50 %) would send requests to it anyway once none of
+        // the set is healthy. A request whose only servers are all silent then gets Envoy's
+        // `no_healthy_upstream` at once, which the filter answers 503 with `Retry-After` (it
+        // reached no apiserver). The local apiserver keeps the default: its cluster is the
+        // last resort for what only it serves.
+        common_lb_config: (role != Role::Local).then(|| CommonLbConfig {
             healthy_panic_threshold: Some(Percent { value: 0.0 }),
             ..Default::default()
         }),
+        // HTTP/1.1 connections (the `-anonymous` variant, WebSocket and SPDY upgrades) have no
+        // PINGs: the kernel's probes find a silent apiserver after 5 s of silence, 3 probes a
+        // second apart.
         upstream_connection_options: Some(UpstreamConnectionOptions {
             tcp_keepalive: Some(TcpKeepalive {
-                keepalive_time: u32v(60),
-                keepalive_interval: u32v(10),
+                keepalive_time: u32v(5),
+                keepalive_interval: u32v(1),
                 keepalive_probes: u32v(3),
             }),
             ..Default::default()
@@ -1017,13 +1035,58 @@ mod tests {
                         "{name}"
                     );
                 }
-                // Health checks present no certificate (kube-apiserver would log every
-                // certificate-only request as a failed authentication): the local apiserver's
+                // Every apiserver's cluster is health checked (a silent peer is out within
+                // about two seconds), and its checks present no certificate (kube-apiserver
+                // would log every certificate-only request as a failed authentication): an
                 // -identity cluster checks through a second socket, the anonymous one, which
                 // only its health check selects.
-                let checked = !cluster.health_checks.is_empty();
-                assert_eq!(checked, base == LOCAL_CLUSTER, "{name}");
-                if checked && auth == UpstreamAuth::ProxyIdentity {
+                assert_eq!(cluster.health_checks.len(), 1, "{name}");
+                let check = &cluster.health_checks[0];
+                assert_eq!(
+                    (check.interval, check.timeout, check.unhealthy_threshold),
+                    (seconds(1), seconds(1), u32v(2)),
+                    "{name}"
+                );
+                // A peer that is not ready or silent gets nothing, even when none of its set is
+                // left; the local apiserver stays the last resort for what only it serves.
+                let panic = cluster
+                    .common_lb_config
+                    .as_ref()
+                    .and_then(|c| c.healthy_panic_threshold.as_ref())
+                    .map(|p| p.value);
+                assert_eq!(panic, (base != LOCAL_CLUSTER).then_some(0.0), "{name}");
+                // PINGs every second, a second to answer; TCP keepalive for HTTP/1.1.
+                if auth != UpstreamAuth::Anonymous {
+                    let options = &cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS];
+                    let options =
+                        HttpProtocolOptions::decode(options.value.as_slice()).expect("options");
+                    let Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(d)) =
+                        options.upstream_protocol_options
+                    else {
+                        panic!("{name}: the client's protocol");
+                    };
+                    assert_eq!(
+                        d.http2_protocol_options
+                            .and_then(|h| h.connection_keepalive),
+                        Some(keepalive()),
+                        "{name}"
+                    );
+                }
+                let keep = cluster
+                    .upstream_connection_options
+                    .as_ref()
+                    .and_then(|o| o.tcp_keepalive.as_ref())
+                    .expect("TCP keepalive");
+                assert_eq!(
+                    (
+                        keep.keepalive_time,
+                        keep.keepalive_interval,
+                        keep.keepalive_probes
+                    ),
+                    (u32v(5), u32v(1), u32v(3)),
+                    "{name}"
+                );
+                if auth == UpstreamAuth::ProxyIdentity {
                     assert_eq!(cluster.transport_socket_matches.len(), 1, "{name}");
                     let m = &cluster.transport_socket_matches[0];
                     assert_eq!(m.r#match, Some(health_check_socket_criteria()));
@@ -1206,7 +1269,7 @@ mod tests {
             };
             assert_eq!(metadata(&local), None);
             let peer = decode_cluster(&snap, &auth.cluster(&peers));
-            assert!(peer.health_checks.is_empty());
+            assert_eq!(peer.health_checks, local.health_checks);
             assert_eq!(metadata(&peer), Some(peer_metadata()));
         }
     }

@@ -38,14 +38,20 @@ pub fn rewrite(routed: RoutedTo<'_>, code: u16, details: &str) -> Option<Rewrite
     }
     match routed {
         RoutedTo::Peer { target } if is_upstream_failure(code) => {
-            // Only a connection that never opened proves the request was not processed;
-            // after a reset or a timeout the peer may have acted on it.
-            let what = if never_connected(details) {
-                "could not be reached"
-            } else {
-                "did not answer"
-            };
-            let message = format!("the peer apiserver serving {target} {what} ({details})");
+            // Only a connection that never opened proves the request was not processed (no
+            // peer of the set reachable, or every one of them silent or not ready: Envoy's
+            // `no_healthy_upstream`): then the 503 says when to retry, as the filter's own do,
+            // and client-go retries it by itself whatever the method. After a reset or a
+            // timeout the peer may have acted on it: a plain 503.
+            if never_connected(details) {
+                let message =
+                    format!("the peer apiserver serving {target} could not be reached ({details})");
+                return Some(Rewrite {
+                    code: 503,
+                    body: status::unavailable(&message),
+                });
+            }
+            let message = format!("the peer apiserver serving {target} did not answer ({details})");
             Some(Rewrite {
                 code: 503,
                 body: status::failure(503, &message),

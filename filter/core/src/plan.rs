@@ -1090,17 +1090,23 @@ impl ResponsePlan {
         let Some(rewrite) = local_reply::rewrite(routed, code, details) else {
             return ResponseDecision::Pass;
         };
+        // A peer-bound request that reached no peer: retryable, with `Retry-After`.
+        let headers = if peer_target.is_some() && local_reply::never_connected(details) {
+            retryable_status_headers(rewrite.code)
+        } else {
+            vec![
+                HeaderOp::Set(":status", Cow::Owned(rewrite.code.to_string())),
+                HeaderOp::Set("content-type", Cow::Borrowed(status::CONTENT_TYPE)),
+                HeaderOp::Remove("content-length"),
+            ]
+        };
         ResponseDecision::Replace(Replacement {
             cause: ReplaceCause::EnvoyReply {
                 envoy_code: code,
                 code: rewrite.code,
             },
             status: rewrite.code,
-            headers: vec![
-                HeaderOp::Set(":status", Cow::Owned(rewrite.code.to_string())),
-                HeaderOp::Set("content-type", Cow::Borrowed(status::CONTENT_TYPE)),
-                HeaderOp::Remove("content-length"),
-            ],
+            headers,
             body: ReplacementBody::Status(rewrite.body),
             counter: peer_target.map(|(_, gvr)| Counter::PeerProxyError {
                 kind: local_reply::peer_error(code, details),
@@ -1702,6 +1708,27 @@ mod tests {
         );
         let body = String::from_utf8(r.body.bytes(&c).to_vec()).unwrap();
         assert!(body.contains("g/v, Resource=r did not answer"), "{body}");
+        // No peer of the set reached (refused, or every one silent or not ready): it did
+        // nothing, so the 503 says when to retry, whatever the method.
+        for details in [
+            "no_healthy_upstream",
+            "upstream_reset_before_response_started{remote_connection_failure}",
+        ] {
+            let ResponseDecision::Replace(r) = peer.decide(&c, 503, details, None) else {
+                panic!("{details}: not replaced")
+            };
+            assert_eq!(r.status, 503, "{details}");
+            assert_eq!(r.headers, retryable_status_headers(503), "{details}");
+            let body: serde_json::Value = serde_json::from_slice(r.body.bytes(&c)).unwrap();
+            assert_eq!(body["details"]["retryAfterSeconds"], 5, "{details}");
+            assert!(
+                body["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("could not be reached"),
+                "{body}"
+            );
+        }
         let ResponseDecision::Replace(r) = local.decide(&c, 504, "upstream_response_timeout", None)
         else {
             panic!("not replaced")
