@@ -17,6 +17,7 @@ pub mod drain;
 pub mod fallback;
 pub mod files;
 pub mod goaway;
+pub mod reachability;
 pub mod resources;
 pub mod route_timeout;
 pub mod secrets;

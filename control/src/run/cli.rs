@@ -14,6 +14,7 @@ use crate::envoy::bootstrap::{Bootstrap, ConfigSource, PeerPassthrough};
 use crate::envoy::fallback::{read_acknowledged, FallbackInputs};
 use crate::envoy::goaway::{self, ConnectionDrain, GoawayFile, GOAWAY_FILE};
 use crate::envoy::secrets::{serving_secrets, upstream_secrets};
+use crate::envoy::reachability::Reachability;
 use crate::fetch::{ClientTemplate, DiscoveryMetrics};
 use crate::health::{self, Health};
 use crate::local_channels::{self, LocalChannel, PrivateDir};
@@ -190,6 +191,12 @@ async fn run_async(config: RunConfig) -> Result<()> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
     let health = health_endpoints(&config, &metrics, &status);
+    // Which peers Envoy's health checks find unreachable, for /debug/skew and /metrics.
+    let _reachability_task = config.local_channels.envoy_admin().cloned().map(|admin| {
+        let reachability = metrics.reachability.clone();
+        let shutdown = shutdown_rx.clone();
+        tokio::spawn(async move { reachability.poll(admin, shutdown).await })
+    });
     let mut health_task =
         spawn_health_servers(health_listener, debug_listener, health, shutdown_rx.clone());
     let mut xds_task = tokio::spawn(xds::serve(
@@ -277,6 +284,8 @@ struct Metrics {
     xds: Arc<XdsMetrics>,
     app: Arc<AppMetrics>,
     local_down: Arc<super::local_down::LocalDownMetrics>,
+    /// Which peers this node's Envoy cannot reach (read from its admin interface).
+    reachability: Arc<Reachability>,
 }
 
 /// `/readyz`, `/metrics` and `/debug/skew` over the run's status and metrics.
@@ -290,6 +299,7 @@ fn health_endpoints(config: &RunConfig, metrics: &Metrics, status: &Arc<Status>)
         metrics.app.clone(),
         metrics.local_down.clone(),
     );
+    let (rm, rs) = (metrics.reachability.clone(), metrics.reachability.clone());
     let (xr, xs) = (metrics.xds.clone(), metrics.xds.clone());
     Arc::new(Health {
         // Ready says nothing about Envoy; a note names an Envoy whose filter cannot read the
@@ -307,6 +317,7 @@ fn health_endpoints(config: &RunConfig, metrics: &Metrics, status: &Arc<Status>)
             f.extend(xm.families());
             f.extend(sm.families());
             f.extend(lm.families());
+            f.extend(rm.families());
             f
         }),
         envoy_admin: config.local_channels.envoy_admin().cloned(),
@@ -317,6 +328,24 @@ fn health_endpoints(config: &RunConfig, metrics: &Metrics, status: &Arc<Status>)
                     "envoy_streams".to_string(),
                     serde_json::to_value(xs.envoy_streams()).unwrap_or_default(),
                 );
+                // A live peer this node's Envoy cannot reach, and since when.
+                for apiserver in doc
+                    .get_mut("apiservers")
+                    .and_then(|a| a.as_array_mut())
+                    .into_iter()
+                    .flatten()
+                {
+                    let address = apiserver["url"]
+                        .as_str()
+                        .and_then(|u| u.split_once("://"))
+                        .map(|(_, a)| a.to_string());
+                    if let (Some(since), Some(entry)) = (
+                        address.and_then(|a| rs.since(&a)),
+                        apiserver.as_object_mut(),
+                    ) {
+                        entry.insert("unreachable_since_unix_seconds".into(), since.into());
+                    }
+                }
             }
             doc
         }),
