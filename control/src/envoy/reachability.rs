@@ -79,7 +79,11 @@ pub fn peer_health(json: &str) -> Option<(BTreeSet<String>, BTreeSet<String>)> {
         .filter(|c| c.name.starts_with(PEER_CLUSTER_PREFIX))
     {
         for host in &cluster.host_statuses {
-            let Some(addr) = host.address.as_ref().and_then(|a| a.socket_address.as_ref()) else {
+            let Some(addr) = host
+                .address
+                .as_ref()
+                .and_then(|a| a.socket_address.as_ref())
+            else {
                 continue;
             };
             let address = if addr.address.contains(':') {
@@ -200,7 +204,10 @@ mod tests {
             failed.into_iter().collect::<Vec<_>>(),
             ["10.0.0.12:6444", "[fd00::14]:6444"]
         );
-        assert_eq!(reachable.into_iter().collect::<Vec<_>>(), ["10.0.0.13:6444"]);
+        assert_eq!(
+            reachable.into_iter().collect::<Vec<_>>(),
+            ["10.0.0.13:6444"]
+        );
         assert!(peer_health("not json").is_none());
         assert_eq!(
             peer_health(r#"{"x":1}"#),
