@@ -295,6 +295,54 @@ async fn unreachable_peer_fails_over_to_another_peer_serving_the_same() -> Resul
     Ok(())
 }
 
+/// A peer whose connection stays up (it answers HTTP/2 PINGs and its health check) but whose
+/// apiserver leaves a GET unanswered: the try is given up after a third of the
+/// `--request-timeout` without a byte (route `per_try_idle_timeout`, here 1 s) and repeated on
+/// the other peer serving the resource, instead of waiting out the route timeout (13 s here).
+/// Without the per-try timeout every request that picked b first fails this test.
+#[tokio::test]
+async fn a_get_a_peer_leaves_unanswered_is_repeated_on_another_peer() -> Result<()> {
+    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
+    let b = SimApiserver::start_with(SimOptions {
+        extra_args: vec!["--hang-requests-with=sim-hang".into()],
+        lease: false,
+        ..SimOptions::new("apiserver-b", "k8s-1.33")
+    })
+    .await?;
+    let c = SimApiserver::start_with(SimOptions {
+        lease: false,
+        ..SimOptions::new("apiserver-c", "k8s-1.33")
+    })
+    .await?;
+    let envoy = Envoy::start_with(
+        &a,
+        vec![PeerSpec::of(&b)?, PeerSpec::of(&c)?],
+        EnvoyOptions {
+            request_timeout: Duration::from_secs(3),
+            ..EnvoyOptions::default()
+        },
+    )
+    .await?;
+    let cluster = format!("{}-anonymous", peer_cluster(&envoy));
+    let url = format!("{}{CLAIMS_V1BETA2}?labelSelector=sim-hang", envoy.url());
+    let mut slowest = Duration::ZERO;
+    for i in 0..8 {
+        let started = std::time::Instant::now();
+        let resp = client().get(&url).send().await?;
+        assert_eq!(resp.status(), 200, "request {i}");
+        assert_eq!(served_by(&resp), "apiserver-c", "request {i}");
+        slowest = slowest.max(started.elapsed());
+    }
+    let idle = envoy
+        .stat(&format!("cluster.{cluster}.upstream_rq_per_try_idle_timeout"))
+        .await?;
+    println!("8 GETs b leaves unanswered: all served by c, {idle} tries given up on b, slowest {slowest:?}");
+    assert!(idle > 0, "b was tried and given up on");
+    // One idle try at most, then c: well inside the 13 s route timeout.
+    assert!(slowest < Duration::from_secs(5), "{slowest:?}");
+    Ok(())
+}
+
 /// A peer that resets one kind of request (say a malformed one it refuses) is not down: it is
 /// not ejected, and everything else it serves keeps reaching it. Envoy reports an upstream
 /// reset to outlier detection exactly like a connection failure, so skewgate does not eject

@@ -381,13 +381,21 @@ fn peer_cluster() -> HeaderMatcher {
     }
 }
 
-/// A route to the cluster the filter chose, with `timeout` (zero: none).
+/// A route to the cluster the filter chose, with `timeout` (zero: none). A bounded request
+/// safe to repeat that went to a set of peers gets `try_idle` too
+/// ([`super::route_timeout::peer_try_idle`]): a try its peer leaves unanswered that long is
+/// repeated on another peer (the `reset` retry condition covers a try's timeout).
 fn routed(
     mut headers: Vec<HeaderMatcher>,
     timeout: Duration,
+    try_idle: Duration,
     repeatable: Repeatable,
     target: Target,
 ) -> Route {
+    let mut retry = retry_policy(repeatable, target);
+    if !timeout.is_zero() && repeatable == Repeatable::Safe && target == Target::Peers {
+        retry.per_try_idle_timeout = Some(proto_duration(try_idle));
+    }
     if repeatable == Repeatable::Safe {
         headers.push(safe_method());
     }
@@ -405,7 +413,7 @@ fn routed(
                 UPSTREAM_CLUSTER_HEADER.into(),
             )),
             timeout: Some(proto_duration(timeout)),
-            retry_policy: Some(retry_policy(repeatable, target)),
+            retry_policy: Some(retry),
             ..Default::default()
         })),
         ..Default::default()
@@ -429,7 +437,13 @@ fn routed_routes(unbounded: HeaderMatcher, request_timeout: Duration) -> Vec<Rou
                 let headers = std::iter::once(header_present(UPSTREAM_CLUSTER_HEADER))
                     .chain(class.clone())
                     .collect();
-                routes.push(routed(headers, timeout, repeatable, target));
+                routes.push(routed(
+                    headers,
+                    timeout,
+                    super::route_timeout::peer_try_idle(request_timeout),
+                    repeatable,
+                    target,
+                ));
             }
         }
     }
@@ -1224,7 +1238,14 @@ mod tests {
         // Every route goes through the filter's header, the catch-all answers 503 itself.
         let routes = routes(&b);
         assert_eq!(routes.len(), 9);
-        let routed: Vec<(Option<ProtoDuration>, String, bool, Vec<u32>)> = routes[..8]
+        #[allow(clippy::type_complexity)]
+        let routed: Vec<(
+            Option<ProtoDuration>,
+            String,
+            bool,
+            Vec<u32>,
+            Option<ProtoDuration>,
+        )> = routes[..8]
             .iter()
             .map(|r| {
                 let Some(route::Action::Route(action)) = &r.action else {
@@ -1261,6 +1282,7 @@ mod tests {
                     retry.retry_on.clone(),
                     safe,
                     retry.retriable_status_codes.clone(),
+                    retry.per_try_idle_timeout,
                 )
             })
             .collect();
@@ -1268,12 +1290,15 @@ mod tests {
         let unsafe_ = "connect-failure,reset-before-request".to_string();
         let peers = |on: &str| format!("{on},retriable-status-codes");
         let mut expected = Vec::new();
-        for timeout in [seconds(0), seconds(70)] {
+        // Only a bounded GET or HEAD to peers has a per-try idle timeout: a third of the
+        // 60 s --request-timeout; never a watch (no route timeout), a write, or the local
+        // apiserver.
+        for (timeout, try_idle) in [(seconds(0), None), (seconds(70), seconds(20))] {
             expected.extend([
-                (timeout, peers(&safe), true, vec![404]),
-                (timeout, peers(&unsafe_), false, vec![404]),
-                (timeout, safe.clone(), true, vec![]),
-                (timeout, unsafe_.clone(), false, vec![]),
+                (timeout, peers(&safe), true, vec![404], try_idle),
+                (timeout, peers(&unsafe_), false, vec![404], None),
+                (timeout, safe.clone(), true, vec![], None),
+                (timeout, unsafe_.clone(), false, vec![], None),
             ]);
         }
         assert_eq!(routed, expected);

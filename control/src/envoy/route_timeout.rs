@@ -32,6 +32,22 @@ pub const fn of(request_timeout: Duration) -> Duration {
     request_timeout.saturating_add(REQUEST_TIMEOUT_MARGIN)
 }
 
+/// How long one try of a short GET or HEAD sent to a set of peers may go without a byte from
+/// the peer before Envoy gives up on it and repeats it on another peer that serves the resource
+/// (route `per_try_idle_timeout`): a third of the `--request-timeout`, 20 s at kube's default.
+///
+/// A peer whose network went silent is found sooner by the HTTP/2 PINGs (two seconds) and its
+/// health check; this is for a peer whose connection still answers PINGs but whose apiserver
+/// answers nothing. Longer than kube-apiserver's own longest wait before it answers at all, the
+/// priority-and-fairness queue (`--request-timeout`/4, after which it answers 429), so a busy
+/// apiserver's answer always comes first. Idle, not total: a large LIST that keeps sending is
+/// never cut. Never for watches and the other long-running requests (they have no route
+/// timeout either), nor for the local apiserver, whose slow LISTs of large collections a
+/// peer could not answer faster.
+pub fn peer_try_idle(request_timeout: Duration) -> Duration {
+    request_timeout / 3
+}
+
 /// `route_timeout` as the bootstrap's node metadata.
 pub fn node_metadata(route_timeout: Duration) -> Struct {
     dialect::under_key([(

@@ -125,6 +125,10 @@ struct Args {
     /// this string: a peer refusing one kind of request while serving the rest.
     #[arg(long)]
     reset_requests_with: Option<String>,
+    /// Never answer a request whose path and query contain this string, keeping its
+    /// connection up: an apiserver hung on one kind of request.
+    #[arg(long)]
+    hang_requests_with: Option<String>,
     /// Serve every OpenAPI v3 document changed from the one its `?hash=` names (the root
     /// lists the true hashes; the caching headers stay kube's): a peer that lies.
     #[arg(long)]
@@ -334,6 +338,7 @@ async fn main() -> anyhow::Result<()> {
     );
     state.auth = authn;
     state.reset_requests_with = args.reset_requests_with.clone().filter(|m| !m.is_empty());
+    state.hang_requests_with = args.hang_requests_with.clone().filter(|m| !m.is_empty());
     state.discovery_unavailable_until = args.discovery_unavailable_for.map(|d| Instant::now() + d);
     state.not_ready_until = args.not_ready_for.map(|d| Instant::now() + d);
     state.http2_dos_mitigation = args

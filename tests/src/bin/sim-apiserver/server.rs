@@ -58,6 +58,10 @@ pub struct AppState {
     /// its connection is dropped (what a client sees of an apiserver refusing a malformed
     /// request by resetting it).
     pub reset_requests_with: Option<String>,
+    /// `--hang-requests-with`: a request whose path and query contain this is never answered,
+    /// and its connection stays up (a hung apiserver behind a live connection: HTTP/2 PINGs
+    /// are still answered).
+    pub hang_requests_with: Option<String>,
     /// `--discovery-unavailable-for`: until then, `/api` and `/apis` answer 503.
     pub discovery_unavailable_until: Option<Instant>,
     /// `--not-ready-for`: until then, `/readyz` answers 500.
@@ -95,6 +99,7 @@ impl AppState {
             },
             http2_dos_mitigation: false,
             reset_requests_with: None,
+            hang_requests_with: None,
             discovery_unavailable_until: None,
             not_ready_until: None,
         }
@@ -120,6 +125,13 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
                 // The connection task drops this request with its connection.
                 std::future::pending::<()>().await;
             }
+        }
+    }
+    if let Some(marker) = &state.hang_requests_with {
+        let target = uri.path_and_query().map_or("", |p| p.as_str());
+        if target.contains(marker.as_str()) {
+            eprintln!("{}: leaving {method} {target} unanswered", state.id);
+            std::future::pending::<()>().await;
         }
     }
     if state
