@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use tokio::process::{Child, Command};
 
-use crate::net::free_port;
+use crate::net::free_ports;
 use crate::paths::etcd_bin;
 
 /// A real single-member etcd on loopback ports, with its data in a temporary folder; killed
@@ -30,7 +30,7 @@ impl Etcd {
         // Ports are picked before etcd binds them: retry if another process took one.
         for _ in 0..4 {
             let dir = tempfile::tempdir()?;
-            let (client_port, peer_port) = (free_port()?, free_port()?);
+            let [client_port, peer_port] = free_ports()?;
             let url = format!("http://127.0.0.1:{client_port}");
             let peer = format!("http://127.0.0.1:{peer_port}");
             let log = std::fs::File::create(dir.path().join("etcd.log"))?;

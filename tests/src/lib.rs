@@ -47,7 +47,7 @@ pub use etcd::Etcd;
 pub use http::{client, header, local_get, watch_until};
 pub use kubeconfig::{kubeconfig_tls, kubeconfig_yaml, Credential};
 pub use kubectl::{kubectl, kubectl_with};
-pub use net::{black_hole, free_port};
+pub use net::{black_hole, free_port, free_ports};
 pub use paths::{
     control_bin, data_plane, envoy_bin, etcd_bin, filter_code, filter_code_of, filter_flags,
     fixture, kubectl_1_20_bin, kubectl_bin, native_module_path, python_bin, repo_root, wasm_path,

@@ -15,8 +15,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 use crate::{
-    client, control_bin, eventually, filter_flags, free_port, header, Credential, Envoy, Etcd,
-    SimApiserver, SimOptions, TestPki, TEST_TOKENS,
+    client, control_bin, eventually, filter_flags, free_port, free_ports, header, Credential,
+    Envoy, Etcd, SimApiserver, SimOptions, TestPki, TEST_TOKENS,
 };
 
 /// Lease renewal of the simulated apiservers (kube: 10 s), and the control plane's grace.
@@ -99,8 +99,7 @@ impl Control {
     }
 
     pub fn with_args(local: &SimApiserver, dir: &Path, extra: Vec<String>) -> Result<Self> {
-        let health = free_port()?;
-        let debug = free_port()?;
+        let [health, debug] = free_ports()?;
         let socket_dir = extra
             .iter()
             .find_map(|a| a.strip_prefix("--socket-dir="))

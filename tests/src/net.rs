@@ -19,6 +19,19 @@ pub async fn black_hole() -> Result<(Address, tokio::task::JoinHandle<()>)> {
 
 /// A free loopback port (the kernel's choice; closed again before use).
 pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    Ok(free_ports::<1>()?[0])
+}
+
+/// `N` distinct free loopback ports: each stays bound until all are chosen, so two calls of
+/// [`free_port`] in a row cannot both get the port the first one just closed (seen:
+/// `--debug-listen and --health-listen must differ`).
+pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
 }

@@ -334,7 +334,9 @@ async fn a_get_a_peer_leaves_unanswered_is_repeated_on_another_peer() -> Result<
         slowest = slowest.max(started.elapsed());
     }
     let idle = envoy
-        .stat(&format!("cluster.{cluster}.upstream_rq_per_try_idle_timeout"))
+        .stat(&format!(
+            "cluster.{cluster}.upstream_rq_per_try_idle_timeout"
+        ))
         .await?;
     println!("8 GETs b leaves unanswered: all served by c, {idle} tries given up on b, slowest {slowest:?}");
     assert!(idle > 0, "b was tried and given up on");

@@ -18,7 +18,7 @@ use crate::local_channels::LocalChannel;
 use crate::metrics::Families;
 use crate::routing::PEER_CLUSTER_PREFIX;
 
-/// How often Envoy's view is read: its health checks run every second, two failures take a peer
+/// How often Envoy's view is read: its health checks run every second, one failure takes a peer
 /// out.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
 

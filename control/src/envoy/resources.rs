@@ -349,17 +349,24 @@ fn keepalive() -> KeepaliveSettings {
 pub const READY_STATUSES: [(i64, i64); 2] = [(200, 403), (404, 500)];
 
 /// An apiserver's health (the local one's, and each peer's through its peer port), checked
-/// every second on [`HEALTH_CHECK_PATH`] (anonymously: see [`cluster`]): down after two failures
+/// every second on [`HEALTH_CHECK_PATH`] (anonymously: see [`cluster`]): down after one failure
 /// (a refused or reset connection, a timeout of a second, or an answer outside
 /// [`READY_STATUSES`]), up again after one success. A peer cut off from this node (while it
-/// still renews its Lease, so it is not departed) is out of its sets within about two seconds.
+/// still renews its Lease, so it is not departed) is out of its sets within two seconds (the
+/// next check, then its timeout), before the HTTP/2 PINGs end the requests in flight on it, so
+/// their retries find it out and answer at once instead of waiting on a connect to it
+/// (`tests/compose/silent-peer`: with two failures the check needed up to 4 s and a request
+/// sent at the cut up to 5.2 s). One slow `/readyz` (over a second: kube-apiserver's own etcd
+/// check takes up to 2 s when etcd is slow) takes a peer out for a second: its requests go to
+/// another peer serving the same or get a 503 with `Retry-After`; requests in flight on it
+/// are left alone.
 fn local_health_check() -> HealthCheck {
     HealthCheck {
         timeout: seconds(1),
         interval: seconds(1),
         // The default (60 s) would apply to a cluster no request has used yet.
         no_traffic_interval: seconds(1),
-        unhealthy_threshold: u32v(2),
+        unhealthy_threshold: u32v(1),
         healthy_threshold: u32v(1),
         health_checker: Some(health_check::HealthChecker::HttpHealthCheck(
             health_check::HttpHealthCheck {
@@ -593,7 +600,12 @@ pub fn cluster(
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(discovery_type as i32)),
         connect_timeout: match role {
             Role::Departed => Some(proto_duration(DEPARTED_CONNECT_TIMEOUT)),
-            Role::Local | Role::Peer => seconds(2),
+            // A peer is another control-plane node: a connect takes milliseconds, and a
+            // request whose connection a silent peer's PINGs ended (two seconds) waits on a
+            // new connect to it until its health check has failed. A lost SYN (retransmitted
+            // after a second) fails the connect, which is retried (`connect-failure`).
+            Role::Peer => seconds(1),
+            Role::Local => seconds(2),
         },
         lb_policy: LbPolicy::RoundRobin as i32,
         load_assignment: Some(ClusterLoadAssignment {
@@ -842,7 +854,7 @@ mod tests {
         let cluster =
             Cluster::decode(snap.clusters[&b].resource.value.as_slice()).expect("cluster");
         assert_eq!(cluster.name, b);
-        assert_eq!(cluster.connect_timeout, seconds(2));
+        assert_eq!(cluster.connect_timeout, seconds(1));
         assert_eq!(
             cluster.cluster_discovery_type,
             Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32))
@@ -1044,7 +1056,7 @@ mod tests {
                 let check = &cluster.health_checks[0];
                 assert_eq!(
                     (check.interval, check.timeout, check.unhealthy_threshold),
-                    (seconds(1), seconds(1), u32v(2)),
+                    (seconds(1), seconds(1), u32v(1)),
                     "{name}"
                 );
                 // A peer that is not ready or silent gets nothing, even when none of its set is
