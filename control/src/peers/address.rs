@@ -28,7 +28,7 @@ use std::str::FromStr;
 
 use ipnet::IpNet;
 
-use super::model::identity_lease_name;
+use super::lease_name::identity_lease_name;
 
 /// The lease annotation that carries an apiserver's peer address.
 pub const PEER_ADVERTISE_ADDRESS_ANNOTATION: &str = "kubernetes.io/peer-advertise-address";

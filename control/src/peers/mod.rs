@@ -12,6 +12,7 @@
 //!   peers' `renewTime`; short grace, not kube's hour), restart detection (generations), which
 //!   lease is local, and the deterministic [`PeerSet`] — pure, table-tested;
 //! - [`lease`]: the Lease read leniently, so one malformed Lease is ignored, not the watch;
+//! - [`lease_name`]: the name kube-apiserver gives its own Lease;
 //! - [`metrics`]: counters (`skewgate_peer_address_rejected_total{reason}`,
 //!   `skewgate_peer_leases_malformed_total{field}`, ...);
 //! - [`watcher`]: the kube-runtime watcher feeding the model, publishing on a
@@ -39,6 +40,7 @@
 
 pub mod address;
 pub mod lease;
+pub mod lease_name;
 pub mod metrics;
 pub mod model;
 pub mod watcher;
@@ -48,11 +50,12 @@ pub use address::{
     PEER_ADVERTISE_ADDRESS_ANNOTATION,
 };
 pub use lease::{parse_micro_time, IdentityLease};
+pub use lease_name::identity_lease_name;
 pub use metrics::PeerMetrics;
 pub use model::{
-    identity_lease_name, is_live, plausible_at_first_sight, Evaluation, ExcludedPeer, Exclusion,
-    FirstSeen, LeaseField, LeaseInfo, LocalLease, LocalSelector, MalformedLease, Moment, Notice,
-    Peer, PeerConfig, PeerSet, Tracker, DEFAULT_GRACE, DEFAULT_MAX_PEERS, HOSTNAME_LABEL,
-    IDENTITY_LABEL, IDENTITY_LABEL_VALUE, LEASE_NAMESPACE,
+    is_live, plausible_at_first_sight, Evaluation, ExcludedPeer, Exclusion, FirstSeen, LeaseField,
+    LeaseInfo, LocalLease, LocalSelector, MalformedLease, Moment, Notice, Peer, PeerConfig,
+    PeerSet, Tracker, DEFAULT_GRACE, DEFAULT_MAX_PEERS, HOSTNAME_LABEL, IDENTITY_LABEL,
+    IDENTITY_LABEL_VALUE, LEASE_NAMESPACE,
 };
 pub use watcher::{client_from_kubeconfig, label_selector, lease_info, PeerWatcher};

@@ -75,6 +75,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::address::{AddressPolicy, AddressSource, RejectReason};
+use super::lease_name::identity_lease_name;
 
 /// The label every kube-apiserver identity lease carries, and its value.
 pub const IDENTITY_LABEL: &str = "apiserver.kubernetes.io/identity";
@@ -88,36 +89,6 @@ pub const LEASE_NAMESPACE: &str = "kube-system";
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 /// Default cap on live peers (an HA control plane has 3–7 apiservers).
 pub const DEFAULT_MAX_PEERS: usize = 16;
-
-/// The name kube-apiserver gives its own identity lease: `apiserver-` and the lower-case,
-/// unpadded base32 of the first 16 bytes of the SHA-256 of the host name and
-/// `kube-apiserver`, each prefixed with its length as a big-endian `u16` (Go's
-/// `cryptobyte.AddUint16LengthPrefixed`), as in kube's `controlplane/apiserver` options.
-pub fn identity_lease_name(hostname: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let mut data = Vec::new();
-    for part in [hostname.as_bytes(), b"kube-apiserver".as_slice()] {
-        let len = u16::try_from(part.len()).unwrap_or(u16::MAX);
-        data.extend_from_slice(&len.to_be_bytes());
-        data.extend(part.iter().take(usize::from(len)));
-    }
-    let hash = Sha256::digest(&data);
-    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
-    let mut out = String::from("apiserver-");
-    let (mut buffer, mut bits) = (0u32, 0u32);
-    for byte in hash.iter().take(16) {
-        buffer = (buffer << 8) | u32::from(*byte);
-        bits += 8;
-        while bits >= 5 {
-            bits -= 5;
-            out.push(char::from(ALPHABET[((buffer >> bits) & 31) as usize]));
-        }
-    }
-    if bits > 0 {
-        out.push(char::from(ALPHABET[((buffer << (5 - bits)) & 31) as usize]));
-    }
-    out
-}
 
 /// Which lease belongs to the apiserver this control plane sits beside.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -1529,17 +1500,6 @@ mod tests {
         let mut cfg = config(&["10.0.0.0/8"]);
         cfg.local = LocalSelector::LeaseName("apiserver-x".into());
         assert!(synced(cfg, vec![]).evaluate(mono(0)).set.local.is_none());
-    }
-
-    #[test]
-    fn kubes_identity_lease_name() {
-        // sha256(\x00\x0bapiserver-a \x00\x0ekube-apiserver), first 16 bytes, base32, lower
-        // case: the value the test harness computes independently.
-        assert_eq!(
-            identity_lease_name("apiserver-a"),
-            "apiserver-g24gd6l4nm7gx56pradztv5ogy"
-        );
-        assert_ne!(identity_lease_name("cp-1"), identity_lease_name("cp-2"));
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! skewgate's native filter: the pure core (`skewgate-core`) as an Envoy 1.40 dynamic module
 //! (`libskewgate_native.so`, `--data-plane native`), beside the proxy-wasm filter.
 //!
-//! - `ffi`: Envoy's dynamic-module ABI, the only module with `unsafe`: the exported hooks,
-//!   the callbacks looked up in the host, safe handles over both;
+//! - `ffi`: Envoy's dynamic-module ABI, its host side: the callbacks looked up in the host and
+//!   safe handles over them;
+//! - `hooks`: the module's side, the event hooks Envoy calls (with `ffi`, the only modules
+//!   with `unsafe`);
 //! - `filter`: the configuration (compiled once per Envoy, shared by every worker) and one
 //!   stream's filter, the core's request pipeline with Envoy's callbacks as its host.
 //!
@@ -21,3 +23,5 @@
 #[allow(unsafe_code)]
 pub mod ffi;
 pub mod filter;
+#[allow(unsafe_code)]
+pub mod hooks;

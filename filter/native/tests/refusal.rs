@@ -5,9 +5,8 @@
 
 #![allow(clippy::expect_used, clippy::indexing_slicing)]
 
-use skewgate_native::ffi::{
-    envoy_dynamic_module_on_program_init, refusal, refusal_message, Callbacks,
-};
+use skewgate_native::ffi::{refusal, refusal_message, Callbacks};
+use skewgate_native::hooks::envoy_dynamic_module_on_program_init;
 
 #[test]
 fn a_host_without_envoys_callbacks_is_refused_with_the_missing_one_named() {
