@@ -295,16 +295,12 @@ async fn unreachable_peer_fails_over_to_another_peer_serving_the_same() -> Resul
     Ok(())
 }
 
-/// A peer whose connection stays up (it answers HTTP/2 PINGs and its health check) but whose
-/// apiserver leaves a GET unanswered: the try is given up after a third of the
-/// `--request-timeout` without a byte (route `per_try_idle_timeout`, here 1 s) and repeated on
-/// the other peer serving the resource, instead of waiting out the route timeout (13 s here).
-/// Without the per-try timeout every request that picked b first fails this test.
-#[tokio::test]
-async fn a_get_a_peer_leaves_unanswered_is_repeated_on_another_peer() -> Result<()> {
+/// A 1.30 local apiserver and two 1.33 peers serving the same resources (no Leases: the plan
+/// names them), the first with the fault `fault` (a sim-apiserver flag).
+async fn local_and_two_peers(fault: &str) -> Result<(SimApiserver, SimApiserver, SimApiserver)> {
     let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
     let b = SimApiserver::start_with(SimOptions {
-        extra_args: vec!["--hang-requests-with=sim-hang".into()],
+        extra_args: vec![fault.into()],
         lease: false,
         ..SimOptions::new("apiserver-b", "k8s-1.33")
     })
@@ -314,6 +310,17 @@ async fn a_get_a_peer_leaves_unanswered_is_repeated_on_another_peer() -> Result<
         ..SimOptions::new("apiserver-c", "k8s-1.33")
     })
     .await?;
+    Ok((a, b, c))
+}
+
+/// A peer whose connection stays up (it answers HTTP/2 PINGs and its health check) but whose
+/// apiserver leaves a GET unanswered: the try is given up after a third of the
+/// `--request-timeout` without a byte (route `per_try_idle_timeout`, here 1 s) and repeated on
+/// the other peer serving the resource, instead of waiting out the route timeout (13 s here).
+/// Without the per-try timeout every request that picked b first fails this test.
+#[tokio::test]
+async fn a_get_a_peer_leaves_unanswered_is_repeated_on_another_peer() -> Result<()> {
+    let (a, b, c) = local_and_two_peers("--hang-requests-with=sim-hang").await?;
     let envoy = Envoy::start_with(
         &a,
         vec![PeerSpec::of(&b)?, PeerSpec::of(&c)?],
@@ -352,18 +359,7 @@ async fn a_get_a_peer_leaves_unanswered_is_repeated_on_another_peer() -> Result<
 /// resets is safe to repeat: it is retried on the other peer and served.
 #[tokio::test]
 async fn a_peer_that_resets_some_requests_is_not_ejected() -> Result<()> {
-    let a = SimApiserver::start("apiserver-a", "k8s-1.30").await?;
-    let b = SimApiserver::start_with(SimOptions {
-        extra_args: vec!["--reset-requests-with=sim-reset".into()],
-        lease: false,
-        ..SimOptions::new("apiserver-b", "k8s-1.33")
-    })
-    .await?;
-    let c = SimApiserver::start_with(SimOptions {
-        lease: false,
-        ..SimOptions::new("apiserver-c", "k8s-1.33")
-    })
-    .await?;
+    let (a, b, c) = local_and_two_peers("--reset-requests-with=sim-reset").await?;
     let envoy = Envoy::start(&a, &[&b, &c]).await?;
     let cluster = format!("{}-anonymous", peer_cluster(&envoy));
     let url = format!("{}{CLAIMS_V1BETA2}", envoy.url());

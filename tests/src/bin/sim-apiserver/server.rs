@@ -116,23 +116,20 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     let uri = req.uri().clone();
     let headers = req.headers().clone();
     let conn = req.extensions().get::<ConnInfo>().cloned();
-    if let Some(marker) = &state.reset_requests_with {
-        let target = uri.path_and_query().map_or("", |p| p.as_str());
-        if target.contains(marker.as_str()) {
-            if let Some(abort) = conn.as_ref().and_then(|c| c.abort.as_ref()) {
-                eprintln!("{}: resetting {method} {target}", state.id);
-                abort.notify_one();
-                // The connection task drops this request with its connection.
-                std::future::pending::<()>().await;
-            }
-        }
-    }
-    if let Some(marker) = &state.hang_requests_with {
-        let target = uri.path_and_query().map_or("", |p| p.as_str());
-        if target.contains(marker.as_str()) {
-            eprintln!("{}: leaving {method} {target} unanswered", state.id);
+    let target = uri.path_and_query().map_or("", |p| p.as_str());
+    let marked =
+        |marker: &Option<String>| marker.as_ref().is_some_and(|m| target.contains(m.as_str()));
+    if marked(&state.reset_requests_with) {
+        if let Some(abort) = conn.as_ref().and_then(|c| c.abort.as_ref()) {
+            eprintln!("{}: resetting {method} {target}", state.id);
+            abort.notify_one();
+            // The connection task drops this request with its connection.
             std::future::pending::<()>().await;
         }
+    }
+    if marked(&state.hang_requests_with) {
+        eprintln!("{}: leaving {method} {target} unanswered", state.id);
+        std::future::pending::<()>().await;
     }
     if state
         .discovery_unavailable_until
