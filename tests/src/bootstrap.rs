@@ -1,5 +1,6 @@
-//! The binary protobuf bootstrap `skewgate-control` renders, read and edited as data: what a
-//! test checks in it, and the edits the tests and the benchmark make (never as text).
+//! The YAML bootstrap `skewgate-control` renders, read and edited as data (the messages, read
+//! and written by `skewgate_control::envoy::yaml`): what a test checks in it, and the edits the
+//! tests and the benchmark make (never as text).
 
 use std::path::Path;
 
@@ -14,10 +15,24 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 };
 use envoy_types::util::pack_any;
 use prost::Message;
+use skewgate_control::envoy::yaml;
 
-/// Decode a rendered bootstrap.
+/// What an edit writes in the first line of the file it changes.
+const EDITOR: &str = "bootstrap-edit";
+
+/// Read a rendered bootstrap.
 pub fn decode(bytes: &[u8]) -> Result<Bootstrap> {
-    Bootstrap::decode(bytes).context("the bootstrap is not an Envoy Bootstrap message")
+    read(bytes).context("the bootstrap is not an Envoy Bootstrap message")
+}
+
+/// A message of a rendered file (YAML).
+pub fn read<M: Message + prost::Name + Default>(bytes: &[u8]) -> Result<M> {
+    Ok(yaml::from_yaml(std::str::from_utf8(bytes)?)?)
+}
+
+/// A message as a rendered file is (YAML), after a first line naming the edit.
+pub fn write<M: Message + prost::Name>(message: &M) -> Result<Vec<u8>> {
+    Ok(yaml::to_yaml(message, EDITOR)?.into_bytes())
 }
 
 /// `host:port` of every listener, by name.
@@ -95,7 +110,7 @@ pub fn without_http_filter(bytes: &[u8], name: &str) -> Result<Vec<u8>> {
         return Err(anyhow!("the bootstrap has no HTTP filter {name:?}"));
     }
     set_hcm(&mut b, &hcm)?;
-    Ok(b.encode_to_vec())
+    write(&b)
 }
 
 /// The static mode's clusters file (one `DiscoveryResponse` of clusters) with every HTTP
@@ -106,7 +121,7 @@ pub fn health_checks_over_http2(bytes: &[u8]) -> Result<Vec<u8>> {
     use envoy_types::pb::envoy::config::core::v3::health_check::HealthChecker;
     use envoy_types::pb::envoy::r#type::v3::CodecClientType;
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
-    let mut response = DiscoveryResponse::decode(bytes).context("a DiscoveryResponse")?;
+    let mut response: DiscoveryResponse = read(bytes).context("a DiscoveryResponse")?;
     let mut edited = 0;
     for resource in &mut response.resources {
         let mut cluster = Cluster::decode(resource.value.as_slice()).context("a Cluster")?;
@@ -121,7 +136,7 @@ pub fn health_checks_over_http2(bytes: &[u8]) -> Result<Vec<u8>> {
     if edited == 0 {
         return Err(anyhow!("no HTTP health check in the clusters"));
     }
-    Ok(response.encode_to_vec())
+    write(&response)
 }
 
 fn relocate_source(source: Option<&mut ConfigSource>, from: &Path, to: &Path) {
@@ -152,5 +167,5 @@ pub fn relocate_static(bytes: &[u8], from: &Path, to: &Path) -> Result<Vec<u8>> 
         }
     }
     set_hcm(&mut b, &hcm)?;
-    Ok(b.encode_to_vec())
+    write(&b)
 }

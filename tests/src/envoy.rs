@@ -168,7 +168,7 @@ impl Envoy {
         Self::spawn_in(dir, listen).await
     }
 
-    /// Start Envoy on the bootstrap in `dir` (`envoy.pb`, and whatever it reads beside it),
+    /// Start Envoy on the bootstrap in `dir` (`envoy.yaml`, and whatever it reads beside it),
     /// and wait for its admin interface only.
     pub async fn spawn_in(dir: tempfile::TempDir, listen: Address) -> Result<Self> {
         let config_path = dir.path().join(BOOTSTRAP_FILE);

@@ -506,7 +506,7 @@ async fn hostile_requests_get_clear_answers_and_do_not_hurt_the_filter() -> Resu
 
 /// A filter configuration the filter refuses is refused whole, never half-applied: Envoy
 /// routes nothing with it. The static configuration is corrupted on disk (one peer cluster
-/// reference among many renamed, same length, so the protobuf framing stays valid), as a
+/// reference among many renamed, inside the filter configuration's JSON in `filter.yaml`), as a
 /// filter of another version or a damaged file would present it; Envoy reads it exactly as it
 /// would receive it over ADS.
 #[tokio::test]
@@ -515,11 +515,11 @@ async fn a_configuration_that_does_not_validate_is_refused_whole() -> Result<()>
     let cluster = peer_cluster(&envoy);
     let good_dir = envoy.dir.path();
     let bad_dir = tempfile::tempdir()?;
-    for file in ["clusters.pb", "filter.pb", BOOTSTRAP_FILE] {
+    for file in ["clusters.yaml", "filter.yaml", BOOTSTRAP_FILE] {
         let bytes = std::fs::read(good_dir.join(file))?;
         let bytes = match file {
             // One bad reference among many good entries.
-            "filter.pb" => {
+            "filter.yaml" => {
                 let good = format!("\"peer_cluster\":\"{cluster}\"");
                 let bad = format!("\"peer_cluster\":\"{}\"", "z".repeat(cluster.len()));
                 let text = replace_once(&bytes, good.as_bytes(), bad.as_bytes());
@@ -634,18 +634,18 @@ async fn a_local_apiserver_restarted_without_a_resource_gives_503_not_404() -> R
 
 /// A resource whose only apiserver is gone but retained by the control plane: the filter
 /// answers 503 with `Retry-After` itself and forwards nothing. The static configuration is
-/// edited on disk (each reference to the peer cluster becomes `"retained":true`, padded with
-/// blanks so the protobuf framing stays valid).
+/// edited on disk (each reference to the peer cluster becomes `"retained":true`, inside the
+/// filter configuration's JSON in `filter.yaml`).
 #[tokio::test]
 async fn a_retained_resource_is_answered_503_by_the_filter() -> Result<()> {
     let (a, b, envoy) = mixed_cluster().await?;
     let cluster = peer_cluster(&envoy);
     let good_dir = envoy.dir.path();
     let dir = tempfile::tempdir()?;
-    for file in ["clusters.pb", "filter.pb", BOOTSTRAP_FILE] {
+    for file in ["clusters.yaml", "filter.yaml", BOOTSTRAP_FILE] {
         let bytes = std::fs::read(good_dir.join(file))?;
         let bytes = match file {
-            "filter.pb" => {
+            "filter.yaml" => {
                 let good = format!("\"peer_cluster\":\"{cluster}\"");
                 let retained = "\"retained\":true";
                 let padded = format!("{retained}{}", " ".repeat(good.len() - retained.len()));

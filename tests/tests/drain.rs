@@ -116,7 +116,7 @@ impl Node {
                     std::env::var("PATH").unwrap_or_default()
                 ),
             )
-            .env("SKEWGATE_ENVOY_CONFIG", dir.path().join("envoy.pb"))
+            .env("SKEWGATE_ENVOY_CONFIG", dir.path().join("envoy.yaml"))
             .env("SKEWGATE_DRAIN_SECONDS", drain.to_string())
             .env("SKEWGATE_FINISH_SECONDS", finish.to_string())
             .stdin(Stdio::null())

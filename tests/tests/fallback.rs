@@ -546,7 +546,7 @@ async fn hostile_strings_in_a_peers_discovery_cannot_keep_envoy_from_starting() 
     drop(envoy);
     let rendered =
         render_live_bootstrap(&control, Some(&pki), None, &bootstrap, free_port()?).await?;
-    let file = dir.path().join("validate.pb");
+    let file = dir.path().join("validate.yaml");
     std::fs::write(&file, &rendered)?;
     let out = Command::new(envoy_bin()?)
         .args(["--mode", "validate", "-c"])

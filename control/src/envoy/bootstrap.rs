@@ -76,6 +76,7 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use envoy_types::pb::google::protobuf::{BoolValue, Duration as ProtoDuration, UInt32Value};
 use envoy_types::util::pack_any;
+#[cfg(test)]
 use prost::Message;
 
 use super::fallback::{self, FallbackInputs, Waits, MIN_WAIT};
@@ -974,17 +975,13 @@ impl Bootstrap<'_> {
         })
     }
 
-    /// The bootstrap as Envoy reads it from a file named `*.pb`: built, encoded, decoded again
-    /// and compared, so what is written is exactly what was built.
-    pub fn render(&self) -> Result<Vec<u8>, EnvoyError> {
-        let built = self.build()?;
-        let bytes = built.encode_to_vec();
-        let parsed = EnvoyBootstrap::decode(bytes.as_slice())
-            .map_err(|_| EnvoyError::Unparsable("the rendered bootstrap"))?;
-        if parsed != built {
-            return Err(EnvoyError::Unparsable("the rendered bootstrap"));
-        }
-        Ok(bytes)
+    /// The bootstrap as Envoy reads it from a file named `*.yaml` ([`super::yaml`]), its first
+    /// line naming `writer`: built, written, read back and written again, which must give the
+    /// same text (the YAML holds every field that was built: [`super::yaml::to_yaml`] refuses
+    /// a field its descriptors lack).
+    pub fn render(&self, writer: &str) -> Result<String, EnvoyError> {
+        super::yaml::round_trip(&self.build()?, writer)
+            .map_err(|_| EnvoyError::Unparsable("the rendered bootstrap"))
     }
 }
 
@@ -1159,8 +1156,8 @@ mod tests {
     fn the_live_bootstrap_carries_every_setting() {
         let listen = Address::parse_listen("10.0.0.11:6443").expect("listen");
         let channels = LocalChannels::unix(Path::new("/run/skewgate")).expect("channels");
-        let rendered = live(&listen, &channels).render().expect("renders");
-        let b = EnvoyBootstrap::decode(rendered.as_slice()).expect("decodes");
+        let rendered = live(&listen, &channels).render("test").expect("renders");
+        let b = crate::envoy::yaml::from_yaml::<EnvoyBootstrap>(&rendered).expect("reads back");
         assert_eq!(b.node.as_ref().map(|n| n.id.as_str()), Some("apiserver-a"));
         // The node says what this release's filter reads, as the xDS server reads it back.
         assert_eq!(
@@ -1371,8 +1368,8 @@ mod tests {
             ..Default::default()
         };
         let dynamic = b.dynamic_resources.as_ref().expect("dynamic");
-        assert_eq!(dynamic.cds_config, Some(file("clusters.pb")));
-        assert_eq!(filter_discovery(&b).config_source, Some(file("filter.pb")));
+        assert_eq!(dynamic.cds_config, Some(file("clusters.yaml")));
+        assert_eq!(filter_discovery(&b).config_source, Some(file("filter.yaml")));
         // No control plane: no ADS stream, no cluster for it.
         assert!(dynamic.ads_config.is_none());
         assert!(cluster_names(&b).is_empty());
@@ -1396,7 +1393,7 @@ mod tests {
                 fallback: None,
                 goaway: None,
             }
-            .render();
+            .render("test");
             assert!(matches!(r, Err(EnvoyError::Unsafe(_))), "{bad:?}");
         }
     }
@@ -1697,9 +1694,9 @@ mod tests {
             )),
             ..live(&listen, &channels)
         }
-        .render()
+        .render("test")
         .expect("renders");
-        let b = EnvoyBootstrap::decode(rendered.as_slice()).expect("decodes");
+        let b = crate::envoy::yaml::from_yaml::<EnvoyBootstrap>(&rendered).expect("reads back");
         assert_eq!(b.node.as_ref().map(|n| n.id.as_str()), Some("apiserver-a"));
         let listeners: Vec<&str> = b
             .static_resources

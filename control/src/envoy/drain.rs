@@ -115,11 +115,15 @@ pub enum DrainError {
     },
 }
 
-/// Where the admin interface of the Envoy that runs `bootstrap` (the binary protobuf
-/// `skewgate-control bootstrap` prints) is.
+/// Where the admin interface of the Envoy that runs `bootstrap` (the YAML `skewgate-control
+/// bootstrap` prints) is. The binary protobuf earlier releases printed is read too: while
+/// skewgate itself is upgraded, the Envoy being drained may have been started from one.
 pub fn admin_of_bootstrap(bootstrap: &[u8]) -> Result<LocalChannel, &'static str> {
-    let bootstrap = EnvoyBootstrap::decode(bootstrap)
-        .map_err(|_| "not an Envoy bootstrap (binary protobuf)")?;
+    let bootstrap = std::str::from_utf8(bootstrap)
+        .ok()
+        .and_then(|text| super::yaml::from_yaml::<EnvoyBootstrap>(text).ok())
+        .or_else(|| EnvoyBootstrap::decode(bootstrap).ok())
+        .ok_or("not an Envoy bootstrap (YAML, or the binary protobuf of earlier releases)")?;
     let address = bootstrap
         .admin
         .and_then(|admin| admin.address)
@@ -298,8 +302,9 @@ mod tests {
             fallback: None,
             goaway: None,
         }
-        .render()
+        .render("test")
         .expect("renders")
+        .into_bytes()
     }
 
     #[test]
@@ -426,7 +431,10 @@ mod tests {
     #[test]
     fn readyz_is_checked_first_and_passes_through_until_the_drain() {
         let unix = LocalChannels::unix(Path::new("/run/skewgate")).expect("channels");
-        let b = EnvoyBootstrap::decode(bootstrap_with(&unix).as_slice()).expect("decodes");
+        let b = crate::envoy::yaml::from_yaml::<EnvoyBootstrap>(
+            &String::from_utf8(bootstrap_with(&unix)).expect("text"),
+        )
+        .expect("reads back");
         let hcm = crate::envoy::bootstrap::inspect::hcm(&b);
         let first = &hcm.http_filters[0];
         assert_eq!(first.name, "envoy.filters.http.health_check");

@@ -6,9 +6,9 @@ use std::io;
 use std::path::Path;
 
 /// The clusters (CDS), in the static mode's directory.
-pub const CLUSTERS_FILE: &str = "clusters.pb";
+pub const CLUSTERS_FILE: &str = "clusters.yaml";
 /// The filter configuration (ECDS), in the static mode's directory.
-pub const FILTER_FILE: &str = "filter.pb";
+pub const FILTER_FILE: &str = "filter.yaml";
 
 /// Replace `dir/name` with `bytes` by a rename. Readable as the process's umask allows: Envoy
 /// may run as another user (unlike the control plane's own state, `crate::state_file`).

@@ -287,8 +287,10 @@ mod tests {
             BootstrapArgs::from_arg_matches(&matches).expect("args")
         };
         let decoded = |args: &BootstrapArgs| {
-            EnvoyBootstrap::decode(render_bootstrap(args).expect("renders").as_slice())
-                .expect("decodes")
+            crate::envoy::yaml::from_yaml::<EnvoyBootstrap>(
+                &String::from_utf8(render_bootstrap(args).expect("renders")).expect("text"),
+            )
+            .expect("reads back")
         };
         let b = decoded(&args(&["--socket-dir=/run/sg", "--goaway-chance=0.001"]));
         let manager = b.overload_manager.clone().expect("an overload manager");

@@ -21,6 +21,7 @@ pub mod reachability;
 pub mod resources;
 pub mod route_timeout;
 pub mod secrets;
+pub mod yaml;
 
 pub use skewgate_core::config::LOCAL_CLUSTER;
 
@@ -55,6 +56,8 @@ pub enum EnvoyError {
     Record(String),
     #[error("{0} does not read back as it was built")]
     Unparsable(&'static str),
+    #[error(transparent)]
+    Yaml(#[from] yaml::YamlError),
 }
 
 /// A file path Envoy will read, checked to be representable in its configuration.

@@ -1037,7 +1037,7 @@ mod tests {
                             .as_ref()
                             .and_then(|c| c.config_source_specifier.clone()),
                         Some(ConfigSourceSpecifier::PathConfigSource(PathConfigSource {
-                            path: "/var/lib/skewgate/sds/skewgate-proxy-client.pb".into(),
+                            path: "/var/lib/skewgate/sds/skewgate-proxy-client.yaml".into(),
                             ..Default::default()
                         }))
                     );

@@ -14,7 +14,7 @@
 //! within a second; a certificate that does not match its key, or does not parse, is refused
 //! with a warning and the previous one stays.
 //!
-//! Each secret is one SDS file `<dir>/<name>.pb` (a binary `DiscoveryResponse` holding that one
+//! Each secret is one SDS file `<dir>/<name>.yaml` (a `DiscoveryResponse` as YAML holding that one
 //! `Secret`, which holds only file names: no key material is ever copied), written by
 //! [`crate::xds::files::write_secrets`]: by `render-static` beside the bootstrap, and in the live
 //! mode by `bootstrap --sds-dir` (the listener's) and `run --sds-dir` (the clusters'). The TLS
@@ -48,7 +48,7 @@ pub const SECRET_TYPE_URL: &str =
 
 /// The SDS file of secret `name` in `dir`.
 pub fn sds_file(dir: &Path, name: &str) -> std::path::PathBuf {
-    dir.join(format!("{name}.pb"))
+    dir.join(format!("{name}.{}", super::yaml::EXTENSION))
 }
 
 /// How a TLS context names secret `name`: read from its SDS file in `dir` (which must be
@@ -267,7 +267,7 @@ mod tests {
             else {
                 panic!("a file");
             };
-            let want = format!("/var/lib/skewgate/sds/{name}.pb");
+            let want = format!("/var/lib/skewgate/sds/{name}.yaml");
             assert_eq!(path.path, want);
             assert!(path.watched_directory.is_none() && path.poll_interval.is_none());
         }

@@ -1,7 +1,7 @@
 //! The `run` and `bootstrap` subcommands: flags (kube-apiserver's names where the meaning is
 //! the same), logging, signals, and wiring the parts together.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,9 +103,9 @@ fn readable(path: &std::path::Path, what: &str) -> Result<()> {
 /// Write the SDS files into `--sds-dir`, created 0700 if missing and refused, like
 /// `--socket-dir`, when another user owns it or may write to it: whoever replaces an SDS file
 /// chooses the client CA Envoy verifies identities against.
-fn write_sds_files(dir: &std::path::Path, secrets: &[Secret]) -> Result<()> {
+fn write_sds_files(dir: &std::path::Path, secrets: &[Secret], writer: &str) -> Result<()> {
     local_channels::prepare_private_dir(dir, PrivateDir::SdsFiles)?;
-    xds::files::write_secrets(dir, secrets)
+    xds::files::write_secrets(dir, secrets, writer)
         .with_context(|| format!("writing the SDS files in --sds-dir {}", dir.display()))
 }
 
@@ -151,7 +151,7 @@ async fn run_async(config: RunConfig) -> Result<()> {
         // The clusters name the certificates through these SDS files: they exist before the
         // first cluster is served. Envoy follows the certificate files from there.
         let dir = config.sds_dir.as_deref().context("TLS needs --sds-dir")?;
-        write_sds_files(dir, &upstream_secrets(tls)?)?;
+        write_sds_files(dir, &upstream_secrets(tls)?, "run")?;
     }
     let xds_listener = bind_xds(&config.local_channels).await?;
     let health_listener = tokio::net::TcpListener::bind(config.health_listen)
@@ -384,7 +384,7 @@ fn spawn_health_servers(
     tokio::spawn(async move { tokio::try_join!(serve_health, serve_debug).map(|_| ()) })
 }
 
-/// Render the bootstrap for these flags (binary protobuf, [`Bootstrap::render`]).
+/// Render the bootstrap for these flags (YAML, [`Bootstrap::render`]).
 pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
     render(&args.validate()?)
 }
@@ -447,7 +447,8 @@ fn render(config: &BootstrapConfig) -> Result<Vec<u8>> {
             configured: config.goaway_chance,
         }),
     }
-    .render()?)
+    .render("bootstrap")?
+    .into_bytes())
 }
 
 /// The SDS files `bootstrap` writes and where (`None` without TLS): the listener's serving
@@ -495,15 +496,12 @@ pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
         eprintln!("skewgate-control: warning: --insecure-tcp-local-channels: Envoy's admin interface and xDS on loopback TCP, which any process on this node can reach");
     }
     if let Some((dir, secrets)) = secrets(&config)? {
-        write_sds_files(&dir, &secrets)?;
+        write_sds_files(&dir, &secrets, "bootstrap")?;
     }
     if config.insecure_plaintext_listener {
         eprintln!("skewgate-control: warning: --insecure-plaintext-listener: Envoy serves clients in PLAINTEXT (tests on loopback only)");
     }
     let mut stdout = std::io::stdout().lock();
-    if stdout.is_terminal() {
-        bail!("the bootstrap is binary protobuf: redirect it to a file whose name ends in .pb (envoy -c FILE.pb)");
-    }
     stdout
         .write_all(&bootstrap)
         .context("writing the bootstrap")?;
@@ -522,12 +520,11 @@ mod tests {
     use envoy_types::pb::envoy::config::bootstrap::v3::Bootstrap as EnvoyBootstrap;
     use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::ValidationContextType;
     use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-    use prost::Message;
     use skewgate_core::config::{FallbackMode, FilterConfig, UpstreamAuth, FALLBACK_LOCAL_CLUSTER};
 
     fn decoded(args: &BootstrapArgs) -> EnvoyBootstrap {
         let bytes = render_bootstrap(args).expect("renders");
-        EnvoyBootstrap::decode(bytes.as_slice()).expect("decodes")
+        crate::envoy::yaml::from_yaml(&String::from_utf8(bytes).expect("text")).expect("reads back")
     }
 
     fn secs(seconds: i64) -> ProtoDuration {
@@ -755,9 +752,9 @@ mod tests {
 
         // Missing: created 0700, and written.
         let created = tmp.path().join("run/sds");
-        write_sds_files(&created, &secrets).expect("written");
+        write_sds_files(&created, &secrets, "test").expect("written");
         assert_eq!(mode(&created), 0o700);
-        assert!(created.join("skewgate-client-ca.pb").exists());
+        assert!(created.join("skewgate-client-ca.yaml").exists());
 
         // Writable by group or others: refused, nothing written.
         for refused in [0o770, 0o757, 0o1777] {
@@ -765,7 +762,7 @@ mod tests {
             std::fs::create_dir(&dir).expect("mkdir");
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(refused))
                 .expect("chmod");
-            let err = write_sds_files(&dir, &secrets).expect_err("refused");
+            let err = write_sds_files(&dir, &secrets, "test").expect_err("refused");
             let text = format!("{err:#}");
             assert!(
                 text.contains("--sds-dir") && text.contains("client CA"),
@@ -782,7 +779,7 @@ mod tests {
         let theirs = tmp.path().join("theirs");
         std::fs::create_dir(&theirs).expect("mkdir");
         if std::os::unix::fs::chown(&theirs, Some(4242), Some(4242)).is_ok() {
-            let err = write_sds_files(&theirs, &secrets).expect_err("refused");
+            let err = write_sds_files(&theirs, &secrets, "test").expect_err("refused");
             assert!(
                 format!("{err:#}").contains("belongs to uid 4242"),
                 "{err:#}"

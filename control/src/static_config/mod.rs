@@ -22,7 +22,7 @@ use crate::plan::{plan, ApiserverView, Plan, PlanError, PlanInputs};
 use crate::xds::files;
 
 /// The bootstrap's file name in the output directory.
-pub const BOOTSTRAP_FILE: &str = "envoy.pb";
+pub const BOOTSTRAP_FILE: &str = "envoy.yaml";
 /// The filter configuration as JSON, for people and benchmarks (Envoy reads `filter.pb`).
 pub const FILTER_CONFIG_JSON_FILE: &str = "filter-config.json";
 /// The node id of a static Envoy (Envoy requires one for file-based xDS).
@@ -87,7 +87,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
     if let Some(upstream) = config.upstream_tls {
         secrets.extend(upstream_secrets(upstream)?);
     }
-    files::write_secrets(&dir, &secrets).map_err(io(&dir))?;
+    files::write_secrets(&dir, &secrets, "render-static").map_err(io(&dir))?;
     let planned = plan(&PlanInputs {
         local: config.local,
         peers: config.peers,
@@ -97,7 +97,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
         filter_code: config.filter_code,
         upstream_sds: config.upstream_tls.map(|_| dir.as_path()),
     })?;
-    files::write(&dir, &planned.snapshot).map_err(io(&dir))?;
+    files::write(&dir, &planned.snapshot, "render-static").map_err(io(&dir))?;
     let json_path = dir.join(FILTER_CONFIG_JSON_FILE);
     std::fs::write(&json_path, planned.routing.config.to_json()).map_err(io(&json_path))?;
     let rendered = Bootstrap {
@@ -117,7 +117,7 @@ pub fn write(config: &StaticConfig<'_>) -> Result<Written, StaticConfigError> {
         // No GOAWAY chance in the static mode (no socket directory).
         goaway: None,
     }
-    .render()?;
+    .render("render-static")?;
     let bootstrap = dir.join(BOOTSTRAP_FILE);
     std::fs::write(&bootstrap, rendered).map_err(io(&bootstrap))?;
     Ok(Written {

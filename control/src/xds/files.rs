@@ -1,8 +1,8 @@
 //! The static mode's delivery: a [`Snapshot`] written as files Envoy reads itself
 //! (filesystem xDS subscriptions, `path_config_source` in the bootstrap, `crate::envoy::bootstrap`).
 //!
-//! Each file holds one binary `DiscoveryResponse` (Envoy picks the format by the `.pb`
-//! extension) with exactly the resources the live mode serves over ADS, so the static and the
+//! Each file holds one `DiscoveryResponse` as YAML (`crate::envoy::yaml`; Envoy picks the
+//! format by the `.yaml` extension) with exactly the resources the live mode serves over ADS, so the static and the
 //! live mode configure Envoy identically by construction. Files are replaced atomically
 //! (written beside, then renamed): Envoy watches the directory and reloads on the rename,
 //! and never sees half a file.
@@ -17,10 +17,10 @@ use std::path::Path;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use envoy_types::util::pack_any;
-use prost::Message;
 
 use crate::envoy::files::{replace, CLUSTERS_FILE, FILTER_FILE};
 use crate::envoy::secrets::{sds_file, SECRET_TYPE_URL};
+use crate::envoy::yaml::{from_yaml, to_yaml};
 
 use super::snapshot::{Snapshot, Versioned};
 use super::{CLUSTER_TYPE_URL, EXTENSION_CONFIG_TYPE_URL};
@@ -38,43 +38,59 @@ fn response(
     }
 }
 
-/// Write `snapshot` into `dir` (which must exist). The clusters go first: a filter
-/// configuration must never name a cluster Envoy could not have.
-pub fn write(dir: &Path, snapshot: &Snapshot) -> io::Result<()> {
+/// `response` as the YAML of a file, its first line naming `writer`.
+fn yaml(response: &DiscoveryResponse, writer: &str) -> io::Result<Vec<u8>> {
+    to_yaml(response, writer)
+        .map(String::into_bytes)
+        .map_err(io::Error::other)
+}
+
+/// Write `snapshot` into `dir` (which must exist), the files' first lines naming `writer`. The
+/// clusters go first: a filter configuration must never name a cluster Envoy could not have.
+pub fn write(dir: &Path, snapshot: &Snapshot, writer: &str) -> io::Result<()> {
     replace(
         dir,
         CLUSTERS_FILE,
-        &response(snapshot, CLUSTER_TYPE_URL, &snapshot.clusters).encode_to_vec(),
+        &yaml(
+            &response(snapshot, CLUSTER_TYPE_URL, &snapshot.clusters),
+            writer,
+        )?,
     )?;
     replace(
         dir,
         FILTER_FILE,
-        &response(
-            snapshot,
-            EXTENSION_CONFIG_TYPE_URL,
-            &snapshot.extension_configs,
-        )
-        .encode_to_vec(),
+        &yaml(
+            &response(
+                snapshot,
+                EXTENSION_CONFIG_TYPE_URL,
+                &snapshot.extension_configs,
+            ),
+            writer,
+        )?,
     )
 }
 
-/// Write each secret as its SDS file in `dir` (created if missing), unless the file already
-/// holds exactly that secret (a rename makes Envoy reload it, for nothing).
-pub fn write_secrets(dir: &Path, secrets: &[Secret]) -> io::Result<()> {
+/// Write each secret as its SDS file in `dir` (created if missing), its first line naming
+/// `writer`, unless the file already holds exactly that secret, whoever wrote it (`bootstrap`
+/// and `run` write the same files; a rename makes Envoy reload one, for nothing).
+pub fn write_secrets(dir: &Path, secrets: &[Secret], writer: &str) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     for secret in secrets {
         let resource = Versioned::new(pack_any(secret.clone()));
-        let bytes = DiscoveryResponse {
+        let response = DiscoveryResponse {
             version_info: resource.version,
             type_url: SECRET_TYPE_URL.to_string(),
             resources: vec![resource.resource],
             ..Default::default()
-        }
-        .encode_to_vec();
+        };
         let path = sds_file(dir, &secret.name);
-        if std::fs::read(&path).ok().as_deref() == Some(bytes.as_slice()) {
+        let written = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| from_yaml::<DiscoveryResponse>(&text).ok());
+        if written.as_ref() == Some(&response) {
             continue;
         }
+        let bytes = yaml(&response, writer)?;
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -87,9 +103,9 @@ pub fn write_secrets(dir: &Path, secrets: &[Secret]) -> io::Result<()> {
 /// Read back what [`write`] wrote.
 pub fn read(dir: &Path) -> io::Result<Snapshot> {
     let decode = |name: &str, type_url: &str| -> io::Result<Vec<Versioned>> {
-        let bytes = std::fs::read(dir.join(name))?;
-        let response = DiscoveryResponse::decode(bytes.as_slice())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let text = std::fs::read_to_string(dir.join(name))?;
+        let response: DiscoveryResponse =
+            from_yaml(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         if response.type_url != type_url {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -147,10 +163,25 @@ mod tests {
         .expect("snapshot");
         let dir = std::env::temp_dir().join(format!("skewgate-files-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
-        write(&dir, &snapshot).expect("write");
+        write(&dir, &snapshot, "test").expect("write");
         let back = read(&dir).expect("read");
-        assert_eq!(back, snapshot);
-        assert_eq!(back.version(), snapshot.version());
+        // The same resources, field for field (read back, an `Any`'s bytes are in field-number
+        // order, so the versions, hashes of those bytes, may differ: Envoy never sees them).
+        let as_yaml = |resources: &std::collections::BTreeMap<String, Versioned>| {
+            to_yaml(
+                &DiscoveryResponse {
+                    resources: resources.values().map(|v| v.resource.clone()).collect(),
+                    ..Default::default()
+                },
+                "test",
+            )
+            .expect("YAML")
+        };
+        assert_eq!(as_yaml(&back.clusters), as_yaml(&snapshot.clusters));
+        assert_eq!(
+            as_yaml(&back.extension_configs),
+            as_yaml(&snapshot.extension_configs)
+        );
         // Nothing half-written is left behind.
         let names: BTreeSet<String> = std::fs::read_dir(&dir)
             .expect("list")
@@ -174,29 +205,31 @@ mod tests {
             client_ca_file: Some("/pki/ca.crt".into()),
         };
         let secrets = serving_secrets(&serving).expect("secrets");
-        write_secrets(&dir, &secrets).expect("write");
+        write_secrets(&dir, &secrets, "test").expect("write");
         let file = sds_file(&dir, SERVING_SECRET);
-        let response =
-            DiscoveryResponse::decode(std::fs::read(&file).expect("read").as_slice()).expect("pb");
+        let response: DiscoveryResponse =
+            from_yaml(&std::fs::read_to_string(&file).expect("read")).expect("YAML");
         assert_eq!(response.type_url, SECRET_TYPE_URL);
         assert_eq!(
             response.resources.len(),
             1,
             "Envoy wants one secret per file"
         );
-        let back = Secret::decode(response.resources[0].value.as_slice()).expect("secret");
+        let back =
+            <Secret as prost::Message>::decode(response.resources[0].value.as_slice()).expect("secret");
         assert_eq!(back, secrets[0]);
         assert_eq!(
             response.version_info,
             Versioned::new(pack_any(back)).version
         );
-        // The same secrets again: the files are left alone (Envoy would reload on a rename).
+        // The same secrets again, by another command (`bootstrap`, then `run`): the files are
+        // left alone (Envoy would reload on a rename).
         let inode = |p: &Path| {
             use std::os::unix::fs::MetadataExt;
             std::fs::metadata(p).expect("metadata").ino()
         };
         let before = inode(&file);
-        write_secrets(&dir, &secrets).expect("write");
+        write_secrets(&dir, &secrets, "another").expect("write");
         assert_eq!(inode(&file), before);
         let names: BTreeSet<String> = std::fs::read_dir(&dir)
             .expect("list")
@@ -205,11 +238,11 @@ mod tests {
         assert_eq!(
             names,
             BTreeSet::from([
-                "skewgate-client-ca.pb".to_string(),
-                "skewgate-serving.pb".to_string()
+                "skewgate-client-ca.yaml".to_string(),
+                "skewgate-serving.yaml".to_string()
             ])
         );
-        assert!(!names.contains(&format!("{PROXY_CLIENT_SECRET}.pb")));
+        assert!(!names.contains(&format!("{PROXY_CLIENT_SECRET}.yaml")));
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

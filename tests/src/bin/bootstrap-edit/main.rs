@@ -1,10 +1,10 @@
-//! `bootstrap-edit`: edits a bootstrap `skewgate-control` rendered (binary protobuf) as data,
+//! `bootstrap-edit`: edits a bootstrap `skewgate-control` rendered (YAML) as data,
 //! for the benchmark's variants (`scripts/bench`).
 //!
 //! ```text
 //! bootstrap-edit without-http-filter NAME FILE   drop the HTTP filter NAME, in place
 //! bootstrap-edit health-checks-over-http2 FILE   every HTTP health check in a clusters file
-//!                                                (clusters.pb) over h2c, in place
+//!                                                (clusters.yaml) over h2c, in place
 //! ```
 
 use anyhow::{bail, Context, Result};

@@ -1,0 +1,270 @@
+//! Envoy's configuration as YAML a person can read, diff and review: the same protobuf
+//! messages the renderers build, serialised by proto3's JSON mapping (`prost-reflect`, with
+//! the descriptors `build.rs` compiles from the `.proto` files the Rust types were generated
+//! from) and emitted as YAML (`serde_yaml_ng`, which quotes every string that would read back
+//! as anything else). Never text pasted into text: a hostile string is a YAML scalar, quoted
+//! and escaped by the emitter, whatever it holds.
+//!
+//! Field names are the `.proto` ones (`connect_timeout`, as Envoy's own documentation writes
+//! them), fields left at their default are left out, and every file starts with a comment line
+//! naming what wrote it ([`header`]). [`from_yaml`] reads a file back into the message: every
+//! renderer's test holds the round trip to the message it built.
+
+use std::sync::OnceLock;
+
+use prost::{Message, Name};
+use prost_reflect::{
+    DescriptorPool, DeserializeOptions, DynamicMessage, ReflectMessage as _, SerializeOptions,
+};
+use serde::de::IntoDeserializer as _;
+
+/// The descriptors of every package skewgate renders (`build.rs`).
+const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/envoy-descriptors.bin"));
+
+/// The file extension that tells Envoy a file is YAML (its `-c` and file-based xDS alike).
+pub const EXTENSION: &str = "yaml";
+
+/// Why a message could not be written or read as YAML.
+#[derive(Debug, thiserror::Error)]
+pub enum YamlError {
+    #[error("the descriptors of Envoy's API do not load: {0}")]
+    Descriptors(String),
+    #[error("{0} is not in the descriptors of Envoy's API (build.rs PACKAGES)")]
+    UnknownMessage(String),
+    #[error("{message} does not decode with its descriptor: {error}")]
+    Decode { message: String, error: String },
+    #[error("{message} has fields its descriptor lacks (build.rs compiles an older API?)")]
+    UnknownFields { message: String },
+    #[error("{message} as YAML: {error}")]
+    Serialise { message: String, error: String },
+    #[error("not a {message} in YAML: {error}")]
+    Parse { message: String, error: String },
+}
+
+fn pool() -> Result<&'static DescriptorPool, YamlError> {
+    static POOL: OnceLock<Result<DescriptorPool, String>> = OnceLock::new();
+    POOL.get_or_init(|| DescriptorPool::decode(DESCRIPTORS).map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| YamlError::Descriptors(e.clone()))
+}
+
+fn descriptor<M: Name>() -> Result<prost_reflect::MessageDescriptor, YamlError> {
+    pool()?
+        .get_message_by_name(&M::full_name())
+        .ok_or_else(|| YamlError::UnknownMessage(M::full_name()))
+}
+
+/// The first line of every file: what wrote it, so a reader (or a `git diff`) knows where a
+/// configuration came from.
+pub fn header(writer: &str) -> String {
+    format!(
+        "# Written by skewgate-control {writer} {}; do not edit: re-render it.\n",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// `message` as YAML, after the [`header`] naming `writer` (`bootstrap`, `render-static`, ...).
+pub fn to_yaml<M: Message + Name>(message: &M, writer: &str) -> Result<String, YamlError> {
+    let name = M::full_name();
+    let dynamic = DynamicMessage::decode(descriptor::<M>()?, message.encode_to_vec().as_slice())
+        .map_err(|e| YamlError::Decode {
+            message: name.clone(),
+            error: e.to_string(),
+        })?;
+    // A field the descriptors do not know would be dropped from the YAML without a word.
+    if has_unknown_fields(&dynamic) {
+        return Err(YamlError::UnknownFields { message: name });
+    }
+    let options = SerializeOptions::new()
+        .use_proto_field_name(true)
+        .skip_default_fields(true);
+    let serialise = |error: String| YamlError::Serialise {
+        message: name.clone(),
+        error,
+    };
+    let mut value = dynamic
+        .serialize_with_options(serde_yaml_ng::value::Serializer, &options)
+        .map_err(|e| serialise(e.to_string()))?;
+    sort_maps(&mut value, &dynamic.descriptor());
+    let body = serde_yaml_ng::to_string(&value).map_err(|e| serialise(e.to_string()))?;
+    Ok(header(writer) + &body)
+}
+
+/// Puts the entries of every protobuf map (and `google.protobuf.Struct`) of `value`, the YAML
+/// of a message of type `descriptor`, in key order: `prost-reflect` holds maps in a `HashMap`,
+/// and two renders of one configuration must be the same text. A message's own fields keep
+/// the order of its `.proto` (by field number), as Envoy's documentation lists them.
+fn sort_maps(value: &mut serde_yaml_ng::Value, descriptor: &prost_reflect::MessageDescriptor) {
+    use prost_reflect::Kind;
+    use serde_yaml_ng::Value;
+    let Value::Mapping(fields) = value else {
+        return;
+    };
+    match descriptor.full_name() {
+        "google.protobuf.Struct" => return sort_all(value),
+        "google.protobuf.Any" => {
+            let packed = fields
+                .get("@type")
+                .and_then(Value::as_str)
+                .and_then(|url| url.rsplit('/').next())
+                .and_then(|name| descriptor.parent_pool().get_message_by_name(name));
+            if let Some(packed) = packed {
+                sort_maps(value, &packed);
+            }
+            return;
+        }
+        _ => {}
+    }
+    for (key, field_value) in fields.iter_mut() {
+        let Some(field) = key
+            .as_str()
+            .and_then(|name| descriptor.get_field_by_name(name))
+        else {
+            continue;
+        };
+        let Kind::Message(message) = field.kind() else {
+            continue;
+        };
+        if field.is_map() {
+            if let Value::Mapping(entries) = field_value {
+                sort_keys(entries);
+                let values = message.map_entry_value_field();
+                if let Kind::Message(of) = values.kind() {
+                    for entry in entries.values_mut() {
+                        sort_maps(entry, &of);
+                    }
+                }
+            }
+        } else if field.is_list() {
+            if let Value::Sequence(items) = field_value {
+                for item in items {
+                    sort_maps(item, &message);
+                }
+            }
+        } else {
+            sort_maps(field_value, &message);
+        }
+    }
+}
+
+/// `mapping`'s entries in key order (proto3's JSON mapping writes every map key as a string).
+fn sort_keys(mapping: &mut serde_yaml_ng::Mapping) {
+    let mut entries: Vec<_> = std::mem::take(mapping).into_iter().collect();
+    entries.sort_by(|(a, _), (b, _)| a.as_str().cmp(&b.as_str()));
+    *mapping = entries.into_iter().collect();
+}
+
+/// Every mapping in `value` in key order (a `Struct`, which is a map all the way down).
+fn sort_all(value: &mut serde_yaml_ng::Value) {
+    match value {
+        serde_yaml_ng::Value::Mapping(m) => {
+            sort_keys(m);
+            m.values_mut().for_each(sort_all);
+        }
+        serde_yaml_ng::Value::Sequence(items) => items.iter_mut().for_each(sort_all),
+        _ => {}
+    }
+}
+
+/// A message's fields that its descriptor did not know, at any depth (through `Any` too).
+fn has_unknown_fields(message: &DynamicMessage) -> bool {
+    use prost_reflect::Value;
+    fn value_has(value: &Value) -> bool {
+        match value {
+            Value::Message(m) => has_unknown_fields(m),
+            Value::List(items) => items.iter().any(value_has),
+            Value::Map(entries) => entries.values().any(value_has),
+            _ => false,
+        }
+    }
+    if message.unknown_fields().next().is_some() {
+        return true;
+    }
+    if message.descriptor().full_name() == "google.protobuf.Any" {
+        let packed = message
+            .get_field_by_name("type_url")
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .and_then(|url| {
+                let name = url.rsplit('/').next()?.to_owned();
+                let descriptor = message.descriptor().parent_pool().get_message_by_name(&name)?;
+                let bytes = message.get_field_by_name("value")?.as_bytes()?.clone();
+                DynamicMessage::decode(descriptor, bytes).ok()
+            });
+        return packed.as_ref().is_none_or(has_unknown_fields);
+    }
+    message.fields().any(|(_, value)| value_has(value))
+}
+
+/// [`to_yaml`], checked: the text read back ([`from_yaml`]) and written again is the same text.
+/// (The message read back can differ from `message` in the bytes of an `Any`, which proto3's
+/// JSON mapping writes as fields and reads back in field-number order; the text cannot.)
+pub fn round_trip<M: Message + Name + Default>(
+    message: &M,
+    writer: &str,
+) -> Result<String, YamlError> {
+    let text = to_yaml(message, writer)?;
+    let again = to_yaml(&from_yaml::<M>(&text)?, writer)?;
+    if again != text {
+        return Err(YamlError::Parse {
+            message: M::full_name(),
+            error: "it does not read back as written".into(),
+        });
+    }
+    Ok(text)
+}
+
+/// A message written by [`to_yaml`] (or by hand), read back.
+pub fn from_yaml<M: Message + Name + Default>(text: &str) -> Result<M, YamlError> {
+    let name = M::full_name();
+    let parse = |error: String| YamlError::Parse {
+        message: name.clone(),
+        error,
+    };
+    let value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(text).map_err(|e| parse(e.to_string()))?;
+    let dynamic = DynamicMessage::deserialize_with_options(
+        descriptor::<M>()?,
+        value.into_deserializer(),
+        &DeserializeOptions::new(),
+    )
+    .map_err(|e| parse(e.to_string()))?;
+    M::decode(dynamic.encode_to_vec().as_slice()).map_err(|e| parse(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::config::bootstrap::v3::Bootstrap;
+    use envoy_types::pb::envoy::config::core::v3::Node;
+
+    /// Strings that mean something else to YAML (or to a YAML 1.1 reader such as yaml-cpp,
+    /// Envoy's) come back as the same strings.
+    #[test]
+    fn hostile_strings_round_trip() {
+        for s in [
+            "{{", "'", "\"", "a: b", "# c", "---", "&anchor", "*alias", "!!tag", " lead",
+            "trail ", "\ttab", "new\nline", "nul\0", "\x07bell", "\\x41", "yes", "no", "on",
+            "off", "y", "N", "true", "~", "null", "0755", "0o17", "0x1F", "1e3", ".inf", "-",
+            "",
+        ] {
+            let b = Bootstrap {
+                node: Some(Node {
+                    id: s.into(),
+                    cluster: format!("{s}{s}"),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let text = to_yaml(&b, "test").expect("YAML");
+            assert_eq!(from_yaml::<Bootstrap>(&text).expect("read back"), b, "{s:?}: {text}");
+        }
+    }
+
+    #[test]
+    fn the_first_line_says_what_wrote_it_and_defaults_are_left_out() {
+        let text = to_yaml(&Bootstrap::default(), "bootstrap").expect("YAML");
+        let mut lines = text.lines();
+        assert!(lines.next().is_some_and(|l| l.starts_with("# Written by skewgate-control bootstrap ")));
+        assert_eq!(lines.collect::<Vec<_>>(), ["{}"]);
+    }
+}
