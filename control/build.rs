@@ -81,7 +81,12 @@ fn envoy_types_protos() -> Result<PathBuf, Box<dyn std::error::Error>> {
     let manifest = Path::new(&std::env::var("CARGO_MANIFEST_DIR")?).join("Cargo.toml");
     let output = std::process::Command::new(cargo)
         // This platform's packages only: they are all downloaded already (the build needs them).
-        .args(["metadata", "--format-version=1", "--offline", "--filter-platform"])
+        .args([
+            "metadata",
+            "--format-version=1",
+            "--offline",
+            "--filter-platform",
+        ])
         .arg(std::env::var("TARGET")?)
         .arg("--manifest-path")
         .arg(&manifest)

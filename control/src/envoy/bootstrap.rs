@@ -1369,7 +1369,10 @@ mod tests {
         };
         let dynamic = b.dynamic_resources.as_ref().expect("dynamic");
         assert_eq!(dynamic.cds_config, Some(file("clusters.yaml")));
-        assert_eq!(filter_discovery(&b).config_source, Some(file("filter.yaml")));
+        assert_eq!(
+            filter_discovery(&b).config_source,
+            Some(file("filter.yaml"))
+        );
         // No control plane: no ADS stream, no cluster for it.
         assert!(dynamic.ads_config.is_none());
         assert!(cluster_names(&b).is_empty());

@@ -186,7 +186,10 @@ fn has_unknown_fields(message: &DynamicMessage) -> bool {
             .and_then(|v| v.as_str().map(str::to_owned))
             .and_then(|url| {
                 let name = url.rsplit('/').next()?.to_owned();
-                let descriptor = message.descriptor().parent_pool().get_message_by_name(&name)?;
+                let descriptor = message
+                    .descriptor()
+                    .parent_pool()
+                    .get_message_by_name(&name)?;
                 let bytes = message.get_field_by_name("value")?.as_bytes()?.clone();
                 DynamicMessage::decode(descriptor, bytes).ok()
             });
@@ -242,9 +245,37 @@ mod tests {
     #[test]
     fn hostile_strings_round_trip() {
         for s in [
-            "{{", "'", "\"", "a: b", "# c", "---", "&anchor", "*alias", "!!tag", " lead",
-            "trail ", "\ttab", "new\nline", "nul\0", "\x07bell", "\\x41", "yes", "no", "on",
-            "off", "y", "N", "true", "~", "null", "0755", "0o17", "0x1F", "1e3", ".inf", "-",
+            "{{",
+            "'",
+            "\"",
+            "a: b",
+            "# c",
+            "---",
+            "&anchor",
+            "*alias",
+            "!!tag",
+            " lead",
+            "trail ",
+            "\ttab",
+            "new\nline",
+            "nul\0",
+            "\x07bell",
+            "\\x41",
+            "yes",
+            "no",
+            "on",
+            "off",
+            "y",
+            "N",
+            "true",
+            "~",
+            "null",
+            "0755",
+            "0o17",
+            "0x1F",
+            "1e3",
+            ".inf",
+            "-",
             "",
         ] {
             let b = Bootstrap {
@@ -256,7 +287,11 @@ mod tests {
                 ..Default::default()
             };
             let text = to_yaml(&b, "test").expect("YAML");
-            assert_eq!(from_yaml::<Bootstrap>(&text).expect("read back"), b, "{s:?}: {text}");
+            assert_eq!(
+                from_yaml::<Bootstrap>(&text).expect("read back"),
+                b,
+                "{s:?}: {text}"
+            );
         }
     }
 
@@ -264,7 +299,9 @@ mod tests {
     fn the_first_line_says_what_wrote_it_and_defaults_are_left_out() {
         let text = to_yaml(&Bootstrap::default(), "bootstrap").expect("YAML");
         let mut lines = text.lines();
-        assert!(lines.next().is_some_and(|l| l.starts_with("# Written by skewgate-control bootstrap ")));
+        assert!(lines
+            .next()
+            .is_some_and(|l| l.starts_with("# Written by skewgate-control bootstrap ")));
         assert_eq!(lines.collect::<Vec<_>>(), ["{}"]);
     }
 }

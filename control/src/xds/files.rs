@@ -215,8 +215,8 @@ mod tests {
             1,
             "Envoy wants one secret per file"
         );
-        let back =
-            <Secret as prost::Message>::decode(response.resources[0].value.as_slice()).expect("secret");
+        let back = <Secret as prost::Message>::decode(response.resources[0].value.as_slice())
+            .expect("secret");
         assert_eq!(back, secrets[0]);
         assert_eq!(
             response.version_info,
