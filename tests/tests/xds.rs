@@ -133,8 +133,8 @@ async fn live_envoy(channels: &LocalChannels) -> Result<Envoy> {
         fallback: None,
         goaway: None,
     }
-    .render()?;
-    Envoy::spawn(&yaml, listen).await
+    .render("test")?;
+    Envoy::spawn(yaml.as_bytes(), listen).await
 }
 
 /// (status, x-sim-apiserver) of a GET through Envoy.
