@@ -624,7 +624,36 @@ async fn hostile_strings_in_a_peers_discovery_cannot_keep_envoy_from_starting() 
         .map(|r| &r["shortNames"])
         .collect();
     assert_eq!(short_names, [&serde_json::json!(hostile_strings())]);
+    // And in what Envoy says it runs: every string a leaf of its config_dump (the filter's
+    // configuration is a JSON string in it, read as JSON too).
+    let dump: serde_json::Value = serde_json::from_str(&envoy.admin("/config_dump").await?)?;
+    let mut leaves = std::collections::HashSet::new();
+    string_leaves(&dump, &mut leaves);
+    for s in hostile_strings() {
+        assert!(
+            leaves.contains(&s),
+            "{:?} is not in Envoy's config_dump",
+            s.chars().take(40).collect::<String>()
+        );
+    }
     Ok(())
+}
+
+/// Every string in `value`, and in the strings that are JSON documents themselves.
+fn string_leaves(value: &serde_json::Value, out: &mut std::collections::HashSet<String>) {
+    match value {
+        serde_json::Value::String(s) => {
+            if let Ok(inner @ (serde_json::Value::Object(_) | serde_json::Value::Array(_))) =
+                serde_json::from_str::<serde_json::Value>(s)
+            {
+                string_leaves(&inner, out);
+            }
+            out.insert(s.clone());
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| string_leaves(v, out)),
+        serde_json::Value::Object(fields) => fields.values().for_each(|v| string_leaves(v, out)),
+        _ => {}
+    }
 }
 
 /// The fallback with a kept configuration: an Envoy that the control plane configured once,
