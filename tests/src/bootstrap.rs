@@ -169,3 +169,43 @@ pub fn relocate_static(bytes: &[u8], from: &Path, to: &Path) -> Result<Vec<u8>> 
     set_hcm(&mut b, &hcm)?;
     write(&b)
 }
+
+/// The static mode's filter file (`filter.yaml`: one `DiscoveryResponse` of the filter's
+/// `TypedExtensionConfig`) with `edit` applied to the configuration the filter reads (its JSON,
+/// a `StringValue` inside the wasm or the native filter's message), as data.
+pub fn edit_filter_config(bytes: &[u8], edit: impl Fn(&str) -> String) -> Result<Vec<u8>> {
+    use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
+    use envoy_types::pb::envoy::extensions::filters::http::dynamic_modules::v3::DynamicModuleFilter;
+    use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+    use envoy_types::pb::google::protobuf::{Any, StringValue};
+    let edit_any = |any: &mut Any| -> Result<()> {
+        let mut config = StringValue::decode(any.value.as_slice())?;
+        config.value = edit(&config.value);
+        *any = pack_any(config);
+        Ok(())
+    };
+    let mut response: DiscoveryResponse = read(bytes).context("a DiscoveryResponse")?;
+    for resource in &mut response.resources {
+        let mut extension = TypedExtensionConfig::decode(resource.value.as_slice())?;
+        let typed = extension
+            .typed_config
+            .as_mut()
+            .ok_or_else(|| anyhow!("a filter without its configuration"))?;
+        if typed.type_url.ends_with("wasm.v3.Wasm") {
+            let mut wasm = Wasm::decode(typed.value.as_slice())?;
+            if let Some(any) = wasm.config.as_mut().and_then(|c| c.configuration.as_mut()) {
+                edit_any(any)?;
+            }
+            *typed = pack_any(wasm);
+        } else {
+            let mut native = DynamicModuleFilter::decode(typed.value.as_slice())?;
+            if let Some(any) = native.filter_config.as_mut() {
+                edit_any(any)?;
+            }
+            *typed = pack_any(native);
+        }
+        *resource = pack_any(extension);
+    }
+    write(&response)
+}

@@ -7,7 +7,7 @@ use anyhow::Result;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use skewgate_control::static_config::BOOTSTRAP_FILE;
-use skewgate_tests::bootstrap::relocate_static;
+use skewgate_tests::bootstrap::{edit_filter_config, relocate_static};
 use skewgate_tests::{
     black_hole, client, header, kubectl, mixed_cluster, watch_until, Envoy, EnvoyOptions, PeerSpec,
     SimApiserver, SimOptions,
@@ -522,9 +522,16 @@ async fn a_configuration_that_does_not_validate_is_refused_whole() -> Result<()>
             "filter.yaml" => {
                 let good = format!("\"peer_cluster\":\"{cluster}\"");
                 let bad = format!("\"peer_cluster\":\"{}\"", "z".repeat(cluster.len()));
-                let text = replace_once(&bytes, good.as_bytes(), bad.as_bytes());
-                assert_ne!(text, bytes, "the test must corrupt the configuration");
-                text
+                edit_filter_config(&bytes, |config| {
+                    let edited = String::from_utf8_lossy(&replace_once(
+                        config.as_bytes(),
+                        good.as_bytes(),
+                        bad.as_bytes(),
+                    ))
+                    .into_owned();
+                    assert_ne!(edited, config, "the test must corrupt the configuration");
+                    edited
+                })?
             }
             BOOTSTRAP_FILE => relocate_static(&bytes, good_dir, bad_dir.path())?,
             _ => bytes,
@@ -648,13 +655,11 @@ async fn a_retained_resource_is_answered_503_by_the_filter() -> Result<()> {
             "filter.yaml" => {
                 let good = format!("\"peer_cluster\":\"{cluster}\"");
                 let retained = "\"retained\":true";
-                let padded = format!("{retained}{}", " ".repeat(good.len() - retained.len()));
-                let mut text = bytes.clone();
-                while let Some(edited) = replace_first(&text, good.as_bytes(), padded.as_bytes()) {
-                    text = edited;
-                }
-                assert_ne!(text, bytes, "the test must edit the configuration");
-                text
+                edit_filter_config(&bytes, |config| {
+                    let edited = config.replace(&good, retained);
+                    assert_ne!(edited, config, "the test must edit the configuration");
+                    edited
+                })?
             }
             BOOTSTRAP_FILE => relocate_static(&bytes, good_dir, dir.path())?,
             _ => bytes,
@@ -698,14 +703,6 @@ async fn a_retained_resource_is_answered_503_by_the_filter() -> Result<()> {
     );
     drop((a, b));
     Ok(())
-}
-
-/// `haystack` with the first `from` replaced by `to` (same length); `None` without a `from`.
-fn replace_first(haystack: &[u8], from: &[u8], to: &[u8]) -> Option<Vec<u8>> {
-    let i = haystack.windows(from.len()).position(|w| w == from)?;
-    let mut out = haystack.to_vec();
-    out[i..i + to.len()].copy_from_slice(to);
-    Some(out)
 }
 
 /// `haystack` with the first `from` replaced by `to` (same length).

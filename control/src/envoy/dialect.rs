@@ -92,6 +92,19 @@ pub fn under_key<const N: usize>(fields: [(&str, Kind); N]) -> Struct {
     }
 }
 
+/// A number of the node metadata: a number, or a string holding one. Envoy reads a YAML
+/// bootstrap's numbers that are not whole into a `Struct` as strings (its YAML loader keeps
+/// every non-integer scalar a string and leaves the conversion to the field's type, which a
+/// `Struct` does not have); NaN is no number.
+pub fn number(kind: &Kind) -> Option<f64> {
+    match kind {
+        Kind::NumberValue(n) => Some(*n),
+        Kind::StringValue(s) if s.len() <= 64 => s.trim().parse::<f64>().ok(),
+        _ => None,
+    }
+    .filter(|n| !n.is_nan())
+}
+
 /// The value of `key` under [`METADATA_KEY`] in `node`'s metadata, if there is one (for a part
 /// that reads its own key leniently; [`negotiate`] tells a malformed `skewgate` apart).
 pub fn advertised<'n>(node: Option<&'n Node>, key: &str) -> Option<&'n Kind> {
@@ -154,6 +167,7 @@ fn list<'a>(s: &'a Struct, key: &str) -> Option<impl Iterator<Item = &'a Value>>
 
 /// A schema version: a whole number from 1 to `u32::MAX` (protobuf numbers are doubles).
 fn schema(v: &Value) -> Option<u32> {
+    // Whole numbers, which the bootstrap writes whole: never a string.
     match v.kind {
         Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n >= 1.0 && n <= f64::from(u32::MAX) => {
             // Whole and in range: the conversion is exact.

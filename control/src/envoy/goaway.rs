@@ -190,10 +190,9 @@ pub fn node_metadata(chance: GoawayChance) -> Struct {
 pub fn configured(
     node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
 ) -> Option<GoawayChance> {
-    match super::dialect::advertised(node, NODE_METADATA_KEY) {
-        Some(value::Kind::NumberValue(n)) => n.to_string().parse().ok(),
-        _ => None,
-    }
+    super::dialect::advertised(node, NODE_METADATA_KEY)
+        .and_then(super::dialect::number)
+        .and_then(|n| n.to_string().parse().ok())
 }
 
 #[cfg(test)]

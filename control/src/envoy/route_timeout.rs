@@ -59,9 +59,8 @@ pub fn node_metadata(route_timeout: Duration) -> Struct {
 /// The route timeout a node's bootstrap advertised ([`node_metadata`]), at most
 /// [`MAX_ROUTE_TIMEOUT`]; `None` without one, or for anything but a non-negative number.
 pub fn advertised(node: Option<&Node>) -> Option<Duration> {
-    match dialect::advertised(node, NODE_METADATA_KEY) {
-        // NaN fails `>= 0.0`; infinity is clamped.
-        Some(Kind::NumberValue(seconds)) if *seconds >= 0.0 => Some(
+    match dialect::advertised(node, NODE_METADATA_KEY).and_then(dialect::number) {
+        Some(seconds) if seconds >= 0.0 => Some(
             Duration::try_from_secs_f64(seconds.min(MAX_ROUTE_TIMEOUT.as_secs_f64()))
                 .unwrap_or(MAX_ROUTE_TIMEOUT),
         ),
@@ -119,12 +118,21 @@ mod tests {
             Kind::NumberValue(-1.0),
             Kind::NumberValue(f64::NAN),
             Kind::NumberValue(f64::NEG_INFINITY),
-            Kind::StringValue("70".into()),
+            Kind::StringValue("seventy".into()),
+            Kind::StringValue("-70".into()),
+            Kind::StringValue("NaN".into()),
+            Kind::StringValue("7".repeat(65)),
             Kind::BoolValue(true),
             Kind::NullValue(0),
         ] {
             assert_eq!(advertised(Some(&with_value(bad.clone()))), None, "{bad:?}");
         }
+        // A number in a string is a number: Envoy reads a YAML bootstrap's `11.5` into the
+        // node metadata as the string "11.5" (`super::super::yaml`).
+        assert_eq!(
+            advertised(Some(&with_value(Kind::StringValue("11.5".into())))),
+            Some(Duration::from_secs_f64(11.5))
+        );
         for huge in [f64::INFINITY, f64::MAX, 1e20, 86_401.0] {
             assert_eq!(
                 advertised(Some(&with_value(Kind::NumberValue(huge)))),

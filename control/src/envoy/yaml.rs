@@ -1,14 +1,24 @@
 //! Envoy's configuration as YAML a person can read, diff and review: the same protobuf
 //! messages the renderers build, serialised by proto3's JSON mapping (`prost-reflect`, with
 //! the descriptors `build.rs` compiles from the `.proto` files the Rust types were generated
-//! from) and emitted as YAML (`serde_yaml_ng`, which quotes every string that would read back
-//! as anything else). Never text pasted into text: a hostile string is a YAML scalar, quoted
-//! and escaped by the emitter, whatever it holds.
+//! from) and written in YAML's JSON form, indented, one field per line (`serde_json`). Never
+//! text pasted into text: a hostile string is one double-quoted, escaped scalar, whatever it
+//! holds.
 //!
-//! Field names are the `.proto` ones (`connect_timeout`, as Envoy's own documentation writes
-//! them), fields left at their default are left out, and every file starts with a comment line
-//! naming what wrote it ([`header`]). [`from_yaml`] reads a file back into the message: every
-//! renderer's test holds the round trip to the message it built.
+//! Why YAML's JSON form and not its plain style: Envoy reads YAML with yaml-cpp and then
+//! guesses each unquoted scalar's type the YAML 1.1 way, so a plain `yes`, `on`, `n` or `off`
+//! is a boolean to it (`cluster: yes` and Envoy refuses the bootstrap), `0x1F` and `0755`
+//! numbers; YAML 1.2 emitters (serde_yaml_ng among them) leave those plain. A double-quoted
+//! scalar is a string to yaml-cpp whatever it says. (Seen with Envoy 1.40; the test is
+//! `tests/tests/fallback.rs`, the hostile strings.) Numbers stay plain; Envoy keeps a plain
+//! number that is not whole as a string until a field's type converts it, which a `Struct`
+//! never does: whole numbers are written whole ([`whole`]), and the node metadata's readers
+//! take a number in a string too (`super::dialect::number`).
+//!
+//! Field names are the `.proto` ones (`connect_timeout`, as Envoy's documentation writes them),
+//! in key order, fields left at their default are left out, and every file starts with a
+//! comment line naming what wrote it ([`header`]). [`from_yaml`] reads a file back (any YAML):
+//! every renderer checks the round trip ([`round_trip`]).
 
 use std::sync::OnceLock;
 
@@ -22,6 +32,8 @@ use serde::de::IntoDeserializer as _;
 const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/envoy-descriptors.bin"));
 
 /// The file extension that tells Envoy a file is YAML (its `-c` and file-based xDS alike).
+/// (Named `.json`, the same text would be read by protobuf's JSON parser instead, but would no
+/// longer hold the first line's comment.)
 pub const EXTENSION: &str = "yaml";
 
 /// Why a message could not be written or read as YAML.
@@ -82,87 +94,35 @@ pub fn to_yaml<M: Message + Name>(message: &M, writer: &str) -> Result<String, Y
         message: name.clone(),
         error,
     };
-    let mut value = dynamic
-        .serialize_with_options(serde_yaml_ng::value::Serializer, &options)
+    // serde_json's maps are ordered by key: two renders of one configuration are the same text
+    // (prost-reflect holds protobuf maps in a HashMap).
+    let value = dynamic
+        .serialize_with_options(serde_json::value::Serializer, &options)
         .map_err(|e| serialise(e.to_string()))?;
-    sort_maps(&mut value, &dynamic.descriptor());
-    let body = serde_yaml_ng::to_string(&value).map_err(|e| serialise(e.to_string()))?;
-    Ok(header(writer) + &body)
+    let body = serde_json::to_string_pretty(&whole(value)).map_err(|e| serialise(e.to_string()))?;
+    Ok(header(writer) + &body + "\n")
 }
 
-/// Puts the entries of every protobuf map (and `google.protobuf.Struct`) of `value`, the YAML
-/// of a message of type `descriptor`, in key order: `prost-reflect` holds maps in a `HashMap`,
-/// and two renders of one configuration must be the same text. A message's own fields keep
-/// the order of its `.proto` (by field number), as Envoy's documentation lists them.
-fn sort_maps(value: &mut serde_yaml_ng::Value, descriptor: &prost_reflect::MessageDescriptor) {
-    use prost_reflect::Kind;
-    use serde_yaml_ng::Value;
-    let Value::Mapping(fields) = value else {
-        return;
-    };
-    match descriptor.full_name() {
-        "google.protobuf.Struct" => return sort_all(value),
-        "google.protobuf.Any" => {
-            let packed = fields
-                .get("@type")
-                .and_then(Value::as_str)
-                .and_then(|url| url.rsplit('/').next())
-                .and_then(|name| descriptor.parent_pool().get_message_by_name(name));
-            if let Some(packed) = packed {
-                sort_maps(value, &packed);
-            }
-            return;
-        }
-        _ => {}
-    }
-    for (key, field_value) in fields.iter_mut() {
-        let Some(field) = key
-            .as_str()
-            .and_then(|name| descriptor.get_field_by_name(name))
-        else {
-            continue;
-        };
-        let Kind::Message(message) = field.kind() else {
-            continue;
-        };
-        if field.is_map() {
-            if let Value::Mapping(entries) = field_value {
-                sort_keys(entries);
-                let values = message.map_entry_value_field();
-                if let Kind::Message(of) = values.kind() {
-                    for entry in entries.values_mut() {
-                        sort_maps(entry, &of);
-                    }
-                }
-            }
-        } else if field.is_list() {
-            if let Value::Sequence(items) = field_value {
-                for item in items {
-                    sort_maps(item, &message);
-                }
-            }
-        } else {
-            sort_maps(field_value, &message);
-        }
-    }
-}
-
-/// `mapping`'s entries in key order (proto3's JSON mapping writes every map key as a string).
-fn sort_keys(mapping: &mut serde_yaml_ng::Mapping) {
-    let mut entries: Vec<_> = std::mem::take(mapping).into_iter().collect();
-    entries.sort_by(|(a, _), (b, _)| a.as_str().cmp(&b.as_str()));
-    *mapping = entries.into_iter().collect();
-}
-
-/// Every mapping in `value` in key order (a `Struct`, which is a map all the way down).
-fn sort_all(value: &mut serde_yaml_ng::Value) {
+/// `value` with every number that is whole and an `int32` written as an integer (`1`, not
+/// `1.0`), which Envoy's YAML loader reads as a number; it keeps `1.0` a string.
+fn whole(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
     match value {
-        serde_yaml_ng::Value::Mapping(m) => {
-            sort_keys(m);
-            m.values_mut().for_each(sort_all);
-        }
-        serde_yaml_ng::Value::Sequence(items) => items.iter_mut().for_each(sort_all),
-        _ => {}
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() <= f64::from(i32::MAX) => {
+                // Whole and in range: the conversion is exact.
+                Value::from(f as i64)
+            }
+            _ => Value::Number(n),
+        },
+        Value::Array(items) => Value::Array(items.into_iter().map(whole).collect()),
+        Value::Object(fields) => Value::Object(
+            fields
+                .into_iter()
+                .map(|(key, value)| (key, whole(value)))
+                .collect(),
+        ),
+        other => other,
     }
 }
 
