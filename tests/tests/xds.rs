@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use prost::Message;
 use skewgate_control::envoy::bootstrap::{Bootstrap, ConfigSource};
 use skewgate_control::envoy::dialect::node_metadata;
 use skewgate_control::envoy::fallback::FallbackInputs;
@@ -525,7 +524,7 @@ async fn envoy_advertising(
             }))
         }
     }
-    Envoy::spawn(&bootstrap.encode_to_vec(), listen).await
+    Envoy::spawn(&skewgate_tests::bootstrap::write(&bootstrap)?, listen).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
