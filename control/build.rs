@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    git_commit();
     let proto = envoy_types_protos()?;
     let includes: Vec<PathBuf> = [
         "data-plane-api",
@@ -41,6 +42,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed={}", proto.display());
     Ok(())
+}
+
+/// `SKEWGATE_GIT_COMMIT` for `--version`: the commit the checkout is at, or `unknown` outside
+/// a git checkout (a source archive) or without git. Built again when HEAD moves: a commit, a
+/// checkout, a branch's ref written loose or packed.
+fn git_commit() {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_string())
+    };
+    let commit = git(&["rev-parse", "--verify", "HEAD"])
+        .filter(|c| c.len() == 40 && c.bytes().all(|b| b.is_ascii_hexdigit()))
+        .unwrap_or_else(|| "unknown".to_string());
+    println!("cargo:rustc-env=SKEWGATE_GIT_COMMIT={commit}");
+    let head_ref = git(&["symbolic-ref", "-q", "HEAD"]);
+    for path in ["HEAD", "packed-refs"]
+        .into_iter()
+        .map(str::to_string)
+        .chain(head_ref)
+    {
+        // Only files that exist: Cargo runs a build script every time for one that does not.
+        if let Some(file) = git(&["rev-parse", "--path-format=absolute", "--git-path", &path])
+            .filter(|f| Path::new(f).exists())
+        {
+            println!("cargo:rerun-if-changed={file}");
+        }
+    }
 }
 
 /// The packages of [`main`], as folders of Envoy's API.

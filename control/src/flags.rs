@@ -324,6 +324,7 @@ pub struct ListenerFlags {
     /// The apiserver's serving certificate, which Envoy presents to clients in its place.
     #[arg(long, value_name = "PATH", requires = "tls_private_key_file")]
     pub tls_cert_file: Option<PathBuf>,
+    /// The key of --tls-cert-file.
     #[arg(long, value_name = "PATH", requires = "tls_cert_file")]
     pub tls_private_key_file: Option<PathBuf>,
     /// The cluster's client CA: client certificates are optional and verified against it; a
@@ -443,6 +444,7 @@ pub struct UpstreamTlsFlags {
     /// Envoy's -identity clusters; it must not chain to the client CA.
     #[arg(long, value_name = "PATH")]
     pub proxy_client_cert_file: Option<PathBuf>,
+    /// The key of --proxy-client-cert-file.
     #[arg(long, value_name = "PATH")]
     pub proxy_client_key_file: Option<PathBuf>,
     /// Speak plaintext HTTP to every apiserver. Tests and demos on loopback only.

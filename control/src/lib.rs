@@ -1,6 +1,7 @@
 //! skewgate's control plane as a library: what each apiserver serves, where each request must
 //! go, and the Envoy configuration that carries those decisions to the data plane.
 
+pub mod cli;
 pub mod discovery;
 pub mod envoy;
 pub mod fetch;

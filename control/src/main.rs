@@ -11,29 +11,9 @@
 //!   (`deploy/image/skewgate-envoy`) runs on SIGTERM (`skewgate_control::envoy::drain`).
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use skewgate_control::cli::{Cli, Command};
 use skewgate_control::envoy::drain::{self, DrainArgs};
-
-#[derive(Parser)]
-#[command(name = "skewgate-control", version, about)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run the live control plane beside one Envoy (identity Leases, live discovery, xDS).
-    Run(skewgate_control::run::RunArgs),
-    /// Print the Envoy bootstrap for `run` (listener, its TLS, the xDS connection).
-    Bootstrap(skewgate_control::run::BootstrapArgs),
-    /// Write an Envoy configuration with a fixed routing table from saved discovery documents.
-    RenderStatic(skewgate_control::static_config::cli::RenderStaticArgs),
-    /// Drain Envoy, then stop it: /readyz fails and clients are told to reconnect, the ports
-    /// close after --drain-seconds, Envoy exits once no client request is in flight (at most
-    /// --finish-seconds later). What Envoy's entrypoint runs on SIGTERM.
-    DrainEnvoy(DrainArgs),
-}
 
 fn drain_envoy(args: DrainArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -1,5 +1,5 @@
 //! The Envoy bootstrap of both modes, built as Envoy's own protobuf message and serialised once,
-//! in binary (`envoy -c <file>.pb` reads it).
+//! as YAML (`envoy -c <file>.yaml` reads it; `envoy::yaml`).
 //!
 //! Nothing here is text: every value (the node id, an address, a path, and above all the filter
 //! configuration of the fallback, which holds strings from apiservers' discovery, Leases and
@@ -515,8 +515,8 @@ fn route_config(request_timeout: Duration) -> RouteConfiguration {
 
 /// The two headers every request is routed on, registered as Envoy's inline headers: Envoy then
 /// finds them in a request in one step instead of comparing them with every header the client
-/// sent, once per header matcher of every route it tries (docs/BENCHMARKS.md, "Where the native
-/// filter's cost goes": the route table's matchers were the largest part of a request's cost
+/// sent, once per header matcher of every route it tries (BENCHMARKS.md, "Counted": the route
+/// table's matchers were the largest part of a request's cost
 /// in Envoy that the filter adds). Only a bootstrap can register them, for the whole process.
 fn routing_inline_headers() -> Vec<CustomInlineHeader> {
     [UPSTREAM_CLUSTER_HEADER, REQUEST_CLASS_HEADER]

@@ -131,8 +131,11 @@ pub struct RunArgs {
     /// socket directory (not with --insecure-tcp-local-channels).
     #[arg(long, default_value = super::local_down::DEFAULT_LOCAL_DOWN_GOAWAY_AFTER, value_parser = parse_duration, value_name = "DURATION")]
     pub local_down_goaway_after: Duration,
+    /// How log lines are written on standard error: `text` (key=value) or `json` (one object
+    /// per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// The least severe level logged.
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
 }

@@ -35,10 +35,10 @@ pub struct RenderStaticArgs {
     pub shared_storage: Vec<GroupVersion>,
     #[command(flatten)]
     pub data_plane: DataPlaneFlags,
-    /// Where to write the configuration (created if missing): `envoy.pb` (start Envoy with
-    /// `envoy -c DIR/envoy.pb`), the clusters and the filter configuration it reads
-    /// (`clusters.pb`, `filter.pb`), the SDS files naming the certificates (`skewgate-*.pb`),
-    /// and `filter-config.json` to read.
+    /// Where to write the configuration (created if missing): `envoy.yaml` (Envoy's `-c`),
+    /// the clusters and the filter configuration it reads
+    /// (`clusters.yaml`, `filter.yaml`), the SDS files naming the certificates
+    /// (`skewgate-*.yaml`), and `filter-config.json` to read.
     #[arg(long, value_name = "DIR")]
     pub out_dir: PathBuf,
     #[command(flatten)]

@@ -23,7 +23,7 @@ use crate::xds::files;
 
 /// The bootstrap's file name in the output directory.
 pub const BOOTSTRAP_FILE: &str = "envoy.yaml";
-/// The filter configuration as JSON, for people and benchmarks (Envoy reads `filter.pb`).
+/// The filter configuration as JSON, for people and benchmarks (Envoy reads `filter.yaml`).
 pub const FILTER_CONFIG_JSON_FILE: &str = "filter-config.json";
 /// The node id of a static Envoy (Envoy requires one for file-based xDS).
 pub const NODE_ID: &str = "skewgate-static";
@@ -53,7 +53,7 @@ pub struct StaticConfig<'a> {
 #[derive(Debug)]
 pub struct Written {
     pub plan: Plan,
-    /// `dir/envoy.pb`: `envoy -c` this.
+    /// `dir/envoy.yaml`: `envoy -c` this.
     pub bootstrap: PathBuf,
 }
 
