@@ -5,7 +5,7 @@
 //! (`tests/compose/node`) start Envoy and the control plane with those same lists, never with
 //! flags of their own. The static pods run unprivileged and see no CA key
 //! ([`the_static_pods_run_unprivileged_and_see_no_ca_key`]), the host files of `deploy/host/`
-//! make what they need ([`the_host_files_make_what_the_pods_need`]), and the README's live-mode
+//! make what they need ([`the_host_files_make_what_the_pods_need`]), and the live-mode
 //! commands are these lists ([`the_readme_live_mode_commands_are_the_args_files`]).
 
 use std::collections::BTreeSet;
@@ -215,7 +215,7 @@ fn the_envoy_pod_drains_within_its_grace_period() -> Result<()> {
             .any(|w| w == ["--drain-strategy", "immediate"]),
         "deploy/args/envoy.args: --drain-strategy immediate"
     );
-    let readme = std::fs::read_to_string(repo_root().join("README.md"))?;
+    let readme = std::fs::read_to_string(repo_root().join("docs/install.md"))?;
     let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
     for said in [
         format!("After {DEFAULT_DRAIN_SECONDS} s the ports close"),
@@ -229,7 +229,7 @@ fn the_envoy_pod_drains_within_its_grace_period() -> Result<()> {
     ] {
         ensure!(
             readme.contains(&said),
-            "README.md, \"Stopping Envoy\", does not say {said:?}"
+            "docs/install.md, \"Stopping Envoy\", does not say {said:?}"
         );
     }
     Ok(())
@@ -753,22 +753,22 @@ fn readme_command(block: &str, start: &str) -> Result<Vec<String>> {
     Ok(line.split_whitespace().map(str::to_string).collect())
 }
 
-/// README.md's "Running it in front of an apiserver (live mode)" shows the commands the static
+/// docs/install.md's "Running it in front of an apiserver (live mode)" shows the commands the static
 /// pods run: `skewgate-control bootstrap` and `run` parse to exactly what `deploy/args/` parses
 /// to (the values of its example node: cp-1, 10.0.0.11, 10.0.0.0/24), they validate as they
 /// are written, and Envoy's command line is `envoy.args`.
 #[test]
 fn the_readme_live_mode_commands_are_the_args_files() -> Result<()> {
-    let readme = std::fs::read_to_string(repo_root().join("README.md"))?;
+    let readme = std::fs::read_to_string(repo_root().join("docs/install.md"))?;
     let section = readme
         .split("\n## ")
         .find(|s| s.starts_with("Running it in front of an apiserver (live mode)"))
-        .context("README: no live mode section")?;
+        .context("docs/install.md: no live mode section")?;
     let block = section
         .split("```sh\n")
         .nth(1)
         .and_then(|b| b.split("```").next())
-        .context("README live mode: no sh block")?;
+        .context("docs/install.md live mode: no sh block")?;
 
     let parse_bootstrap = |args: Vec<String>| -> Result<BootstrapArgs> {
         let m = BootstrapArgs::augment_args(clap::Command::new("bootstrap"))

@@ -221,8 +221,8 @@ async fn local_only_a_resource_the_local_group_version_lacks_is_a_503_not_a_404(
     .with_context(|| envoy.log())?;
     expect_fallback(&envoy, "local-only").await?;
     // A list: no body needed to tell. One object: only its body tells, which a data plane
-    // can read with the headers held (native); proxy-wasm cannot (its answer passes: README,
-    // "Known limits").
+    // can read with the headers held (native); proxy-wasm cannot (its answer passes:
+    // docs/data-plane.md, "The one behaviour difference").
     let mut paths = vec![bundles.to_string()];
     if data_plane()? == DataPlane::Native {
         paths.push(format!("{bundles}/some-bundle"));

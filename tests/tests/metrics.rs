@@ -311,6 +311,29 @@ async fn one_scrape_has_both_planes_with_upstreams_names_and_bounded_labels() ->
         .filter(|q| !names.contains(q.as_str()))
         .collect();
     assert!(missing.is_empty(), "not in the scrape: {missing:?}\n{text}");
+    // Every metric of skewgate's own in this scrape is in the configuration reference
+    // (Envoy's own statistics are Envoy's documentation's).
+    let reference = std::fs::read_to_string(repo_root().join("docs/configuration.md"))?;
+    let undocumented: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| {
+            ["skewgate_", "apiserver_", "aggregator_"]
+                .iter()
+                .any(|p| n.starts_with(p))
+        })
+        .filter(|n| {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| n.strip_suffix(suffix))
+                .unwrap_or(n);
+            !reference.contains(&format!("`{n}`")) && !reference.contains(&format!("`{family}`"))
+        })
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "not in docs/configuration.md's metrics: {undocumented:?}"
+    );
 
     // The scrape, as the report shows it: each name with its label sets.
     let mut shown: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
