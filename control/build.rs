@@ -62,7 +62,9 @@ fn git_commit() {
         .unwrap_or_else(|| "unknown".to_string());
     println!("cargo:rustc-env=SKEWGATE_GIT_COMMIT={commit}");
     let head_ref = git(&["symbolic-ref", "-q", "HEAD"]);
-    for path in ["HEAD", "packed-refs"]
+    // HEAD's reflog moves with every commit and checkout, also when the branch's ref is only
+    // in packed-refs and the commit writes it loose.
+    for path in ["HEAD", "logs/HEAD", "packed-refs"]
         .into_iter()
         .map(str::to_string)
         .chain(head_ref)
