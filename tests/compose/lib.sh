@@ -119,6 +119,14 @@ YAML
 
 cid() { compose ps -q "$1"; }
 
+# The end of one run of a suite that brings the cluster up more than once (its output kept in
+# $logs); the EXIT trap (finish) tears down the last one.
+teardown() {
+  compose logs --no-color >"$logs/compose.log" 2>&1 || true
+  compose down -v -t 2 --remove-orphans >/dev/null 2>&1 || true
+  compose_up=
+}
+
 # Every node's Envoy runs the data plane the driver asked for: the filter it took from its
 # control plane (the ECDS resource in Envoy's configuration dump, read on its admin socket) is
 # that data plane's type, and only that one.
