@@ -19,9 +19,32 @@ use clap::{CommandFactory, Parser};
 use skewgate_control::cli::Cli;
 use skewgate_tests::repo_root;
 
+/// One document: its path from the repository root (for messages), its folder, its text.
+struct Doc {
+    name: String,
+    folder: PathBuf,
+    text: String,
+}
+
 /// Every document the checks read: the README, CHANGELOG and BENCHMARKS, every `.md` in
 /// docs/, and the READMEs of the folders.
-fn docs() -> Vec<PathBuf> {
+fn docs() -> Vec<Doc> {
+    let root = repo_root();
+    doc_paths()
+        .into_iter()
+        .map(|path| Doc {
+            name: path
+                .strip_prefix(&root)
+                .unwrap_or(&path)
+                .display()
+                .to_string(),
+            folder: path.parent().unwrap_or(&root).to_path_buf(),
+            text: std::fs::read_to_string(&path).expect("the doc exists"),
+        })
+        .collect()
+}
+
+fn doc_paths() -> Vec<PathBuf> {
     let root = repo_root();
     let mut docs: Vec<PathBuf> = ["README.md", "CHANGELOG.md", "BENCHMARKS.md"]
         .iter()
@@ -119,13 +142,10 @@ fn every_path_the_docs_name_exists() {
     let root = repo_root();
     let mut checked = 0;
     let mut missing = Vec::new();
-    for doc in docs() {
-        let text = std::fs::read_to_string(&doc).expect("the doc exists");
-        let doc = doc
-            .strip_prefix(&root)
-            .unwrap_or(&doc)
-            .display()
-            .to_string();
+    for Doc {
+        name: doc, text, ..
+    } in docs()
+    {
         for (line, span) in code_spans(&text) {
             for (path, item) in span.split_whitespace().filter_map(as_path) {
                 for path in expand(path) {
@@ -150,14 +170,7 @@ fn every_path_the_docs_name_exists() {
         }
     }
     // Relative links between the docs: `[text](target)`, the target from the document's folder.
-    for doc in docs() {
-        let text = std::fs::read_to_string(&doc).expect("the doc exists");
-        let folder = doc.parent().unwrap_or(&root).to_path_buf();
-        let name = doc
-            .strip_prefix(&root)
-            .unwrap_or(&doc)
-            .display()
-            .to_string();
+    for Doc { name, folder, text } in docs() {
         for (n, line) in text.lines().enumerate() {
             for target in line.split("](").skip(1).filter_map(|t| t.split(')').next()) {
                 let file = target.split('#').next().unwrap_or("");
@@ -296,13 +309,10 @@ fn every_command_the_docs_show_runs_as_written() {
     let mut checked = 0;
     let mut wrong = Vec::new();
     let packages = workspace_packages();
-    for doc in docs() {
-        let text = std::fs::read_to_string(&doc).expect("the doc exists");
-        let doc = doc
-            .strip_prefix(&root)
-            .unwrap_or(&doc)
-            .display()
-            .to_string();
+    for Doc {
+        name: doc, text, ..
+    } in docs()
+    {
         for (line, command) in shell_commands(&text) {
             let command = command
                 .trim_start_matches("sudo ")

@@ -527,15 +527,9 @@ async fn hostile_strings_in_a_peers_discovery_cannot_keep_envoy_from_starting() 
     .await
     .with_context(|| control.log())?;
     // Merged discovery: valid JSON, the strings verbatim.
-    let merged: serde_json::Value = plain
-        .get(url(&envoy, "/apis"))
-        .bearer_auth(bob.token)
-        .header("accept", AGGREGATED)
-        .send()
-        .await?
-        .json()
+    let merged = merged_apis(&plain, &envoy, bob.token)
         .await
-        .context("merged /apis is not JSON")?;
+        .context("merged /apis")?;
     let resources: Vec<&serde_json::Value> = merged["items"]
         .as_array()
         .into_iter()
@@ -605,15 +599,9 @@ async fn hostile_strings_in_a_peers_discovery_cannot_keep_envoy_from_starting() 
     expect_fallback(&envoy, "last-acknowledged").await?;
     // The strings went through the YAML bootstrap into the filter and come back out of it
     // byte for byte, in the merged discovery it serves from the kept configuration.
-    let served: serde_json::Value = plain
-        .get(url(&envoy, "/apis"))
-        .bearer_auth(bob.token)
-        .header("accept", AGGREGATED)
-        .send()
-        .await?
-        .json()
+    let served = merged_apis(&plain, &envoy, bob.token)
         .await
-        .context("merged /apis from the fallback is not JSON")?;
+        .context("merged /apis from the fallback")?;
     let short_names: Vec<&serde_json::Value> = served["items"]
         .as_array()
         .into_iter()
@@ -640,6 +628,22 @@ async fn hostile_strings_in_a_peers_discovery_cannot_keep_envoy_from_starting() 
 }
 
 /// Every string in `value`, and in the strings that are JSON documents themselves.
+/// Envoy's merged `/apis` (aggregated v2), for the holder of `token`.
+async fn merged_apis(
+    client: &reqwest::Client,
+    envoy: &Envoy,
+    token: &str,
+) -> Result<serde_json::Value> {
+    Ok(client
+        .get(url(envoy, "/apis"))
+        .bearer_auth(token)
+        .header("accept", AGGREGATED)
+        .send()
+        .await?
+        .json()
+        .await?)
+}
+
 fn string_leaves(value: &serde_json::Value, out: &mut std::collections::HashSet<String>) {
     match value {
         serde_json::Value::String(s) => {
