@@ -9,6 +9,8 @@
 //! - every command of a shell block runs as written as far as it can be checked without
 //!   running it: a script of the repository exists and is executable, and a
 //!   `skewgate-control` command line parses with the very clap definitions of the binary;
+//! - every section the code and scripts cite by title (`docs/ARCHITECTURE.md, "Merged
+//!   discovery"`) is a heading or a bold label of that document;
 //! - the configuration reference (docs/configuration.md) lists every flag of every subcommand
 //!   as those definitions say: its flags section is generated from them
 //!   (`SKEWGATE_BLESS=1 cargo test -p skewgate-tests --test docs` writes it again).
@@ -527,5 +529,126 @@ fn the_version_names_the_commit_it_was_built_from() {
             "skewgate-control {} (git {head})",
             env!("CARGO_PKG_VERSION")
         )
+    );
+}
+
+/// The files of the repository that are not documents, as git tracks them.
+fn tracked_source_files() -> Vec<PathBuf> {
+    let root = repo_root();
+    let out = std::process::Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(&root)
+        .output()
+        .expect("git ls-files runs");
+    String::from_utf8_lossy(&out.stdout)
+        .split('\0')
+        .filter(|f| !f.is_empty() && !f.ends_with(".md"))
+        .map(|f| root.join(f))
+        .collect()
+}
+
+/// `text` as one line: each line's comment markers and indentation removed, so a citation
+/// wrapped over two comment lines reads as written.
+fn unwrapped(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            l.trim_start()
+                .trim_start_matches(['/', '!', '#', '*'])
+                .trim()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The section citations of `text`: a document (`docs/ARCHITECTURE.md`, `BENCHMARKS.md`) named
+/// and, after an optional comma and a space, a title in double quotes.
+fn citations(text: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices(".md") {
+        let before = &text[..at];
+        let start = before
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "/_-".contains(c)))
+            .map_or(0, |i| i + 1);
+        let doc = format!("{}.md", &before[start..]);
+        let rest = &text[at + 3..];
+        let rest = rest.strip_prefix(',').unwrap_or(rest);
+        let Some(quoted) = rest
+            .strip_prefix(' ')
+            .map(str::trim_start)
+            .and_then(|r| r.strip_prefix('"'))
+        else {
+            continue;
+        };
+        if let Some(title) = quoted.split('"').next() {
+            found.push((doc, title.to_string()));
+        }
+    }
+    found
+}
+
+/// Every section the code and scripts cite by title ("docs/ARCHITECTURE.md, \"Merged
+/// discovery\"") is a heading or a bold label of that document that starts with that title.
+#[test]
+fn every_section_the_code_cites_exists() {
+    let root = repo_root();
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for file in tracked_source_files() {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let name = file
+            .strip_prefix(&root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        for (doc, title) in citations(&unwrapped(&text)) {
+            let path = [root.join(&doc), root.join("docs").join(&doc)]
+                .into_iter()
+                .find(|p| p.exists());
+            let Some(path) = path else {
+                missing.push(format!(
+                    "{name}: {doc} does not exist (cited for {title:?})"
+                ));
+                continue;
+            };
+            checked += 1;
+            let target = std::fs::read_to_string(&path).expect("the doc reads");
+            let found = target.lines().any(|l| {
+                // A numbered heading ("## 6. Per-request cost") is cited without its number.
+                let heading = l.trim_start_matches('#').trim_start();
+                let heading = heading
+                    .split_once(". ")
+                    .filter(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                    .map_or(heading, |(_, rest)| rest);
+                (l.starts_with('#') && heading.starts_with(&title))
+                    || l.contains(&format!("**{title}"))
+            });
+            if !found {
+                missing.push(format!("{name}: {doc} has no section {title:?}"));
+            }
+        }
+    }
+    assert!(
+        checked > 30,
+        "only {checked} citations found: the scan is broken"
+    );
+    assert!(
+        missing.is_empty(),
+        "{} of {checked} cited sections do not exist:\n{}",
+        missing.len(),
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn a_citation_reads_across_comment_lines() {
+    let text = "/// the local apiserver (docs/ARCHITECTURE.md, \"Failover from the local\n/// apiserver\"). And `join(\"docs/x.md\")`.";
+    assert_eq!(
+        citations(&unwrapped(text)),
+        [(
+            "docs/ARCHITECTURE.md".to_string(),
+            "Failover from the local apiserver".to_string()
+        )]
     );
 }
