@@ -146,7 +146,7 @@ fn bootstrap_accepts_its_args_and_envoy_its_own() -> Result<()> {
         .with_context(|| format!("bootstrap {args:?}"))?;
     let bootstrap = BootstrapArgs::from_arg_matches(&matches)?;
     let rendered = render_bootstrap(&bootstrap).context("bootstrap's flags do not render")?;
-    let rendered = skewgate_tests::bootstrap::decode(&rendered)?;
+    let rendered = skewgate_tests::bootstrap::decode(rendered.as_bytes())?;
     assert_eq!(
         skewgate_tests::bootstrap::listener_addresses(&rendered),
         [

@@ -186,16 +186,33 @@ fn every_path_the_docs_name_exists() {
             }
         }
     }
+    assert_scanned(checked, 200, "paths the docs name do not exist", &missing);
+}
+
+/// A scan found at least `minimum` things to check (fewer: the scan itself is broken), and no
+/// `problems`, which are `what`.
+fn assert_scanned(checked: usize, minimum: usize, what: &str, problems: &[String]) {
     assert!(
-        checked > 200,
-        "only {checked} paths found: the scan is broken"
+        checked > minimum,
+        "only {checked} found where more than {minimum} were expected ({what}): the scan is broken"
     );
     assert!(
-        missing.is_empty(),
-        "{} of {checked} paths the docs name do not exist:\n{}",
-        missing.len(),
-        missing.join("\n")
+        problems.is_empty(),
+        "{} of {checked} {what}:\n{}",
+        problems.len(),
+        problems.join("\n")
     );
+}
+
+/// What `git args` prints in the repository (the tests run in a checkout).
+fn git(args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .expect("git runs");
+    assert!(out.status.success(), "git {args:?} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The file holds `item` as a word (a function, type or constant name).
@@ -366,15 +383,11 @@ fn every_command_the_docs_show_runs_as_written() {
             }
         }
     }
-    assert!(
-        checked > 20,
-        "only {checked} commands found: the scan is broken"
-    );
-    assert!(
-        wrong.is_empty(),
-        "{} of {checked} commands the docs show do not run as written:\n{}",
-        wrong.len(),
-        wrong.join("\n")
+    assert_scanned(
+        checked,
+        20,
+        "commands the docs show do not run as written",
+        &wrong,
     );
 }
 
@@ -516,12 +529,7 @@ fn the_version_names_the_commit_it_was_built_from() {
         .expect("skewgate-control --version runs");
     assert!(out.status.success());
     let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let head = std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .current_dir(repo_root())
-        .output()
-        .expect("git runs");
-    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    let head = git(&["rev-parse", "HEAD"]).trim().to_string();
     assert_eq!(head.len(), 40, "this test runs in a git checkout");
     assert_eq!(
         version,
@@ -535,12 +543,7 @@ fn the_version_names_the_commit_it_was_built_from() {
 /// The files of the repository that are not documents, as git tracks them.
 fn tracked_source_files() -> Vec<PathBuf> {
     let root = repo_root();
-    let out = std::process::Command::new("git")
-        .args(["ls-files", "-z"])
-        .current_dir(&root)
-        .output()
-        .expect("git ls-files runs");
-    String::from_utf8_lossy(&out.stdout)
+    git(&["ls-files", "-z"])
         .split('\0')
         .filter(|f| !f.is_empty() && !f.ends_with(".md"))
         .map(|f| root.join(f))
@@ -629,16 +632,7 @@ fn every_section_the_code_cites_exists() {
             }
         }
     }
-    assert!(
-        checked > 30,
-        "only {checked} citations found: the scan is broken"
-    );
-    assert!(
-        missing.is_empty(),
-        "{} of {checked} cited sections do not exist:\n{}",
-        missing.len(),
-        missing.join("\n")
-    );
+    assert_scanned(checked, 30, "cited sections do not exist", &missing);
 }
 
 #[test]

@@ -980,8 +980,7 @@ impl Bootstrap<'_> {
     /// same text (the YAML holds every field that was built: [`super::yaml::to_yaml`] refuses
     /// a field its descriptors lack).
     pub fn render(&self, writer: &str) -> Result<String, EnvoyError> {
-        super::yaml::round_trip(&self.build()?, writer)
-            .map_err(|_| EnvoyError::Unparsable("the rendered bootstrap"))
+        Ok(super::yaml::round_trip(&self.build()?, writer)?)
     }
 }
 

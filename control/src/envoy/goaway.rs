@@ -287,7 +287,7 @@ mod tests {
         };
         let decoded = |args: &BootstrapArgs| {
             crate::envoy::yaml::from_yaml::<EnvoyBootstrap>(
-                &String::from_utf8(render_bootstrap(args).expect("renders")).expect("text"),
+                &render_bootstrap(args).expect("renders"),
             )
             .expect("reads back")
         };

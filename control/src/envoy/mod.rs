@@ -54,8 +54,6 @@ pub enum EnvoyError {
     RelativeSdsDir(String),
     #[error("the last acknowledged configuration cannot be used: {0}")]
     Record(String),
-    #[error("{0} does not read back as it was built")]
-    Unparsable(&'static str),
     #[error(transparent)]
     Yaml(#[from] yaml::YamlError),
 }

@@ -9,8 +9,8 @@
 //! guesses each unquoted scalar's type the YAML 1.1 way, so a plain `yes`, `on`, `n` or `off`
 //! is a boolean to it (`cluster: yes` and Envoy refuses the bootstrap), `0x1F` and `0755`
 //! numbers; YAML 1.2 emitters (serde_yaml_ng among them) leave those plain. A double-quoted
-//! scalar is a string to yaml-cpp whatever it says. (Seen with Envoy 1.40; the test is
-//! `tests/tests/fallback.rs`, the hostile strings.) Numbers stay plain; Envoy keeps a plain
+//! scalar is a string to yaml-cpp whatever it says. (Seen with Envoy 1.40; the tests are
+//! `tests/tests/envoy_yaml.rs` and `tests/tests/fallback.rs`, the hostile strings.) Numbers stay plain; Envoy keeps a plain
 //! number that is not whole as a string until a field's type converts it, which a `Struct`
 //! never does: whole numbers are written whole ([`whole`]), and the node metadata's readers
 //! take a number in a string too (`super::dialect::number`).

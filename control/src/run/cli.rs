@@ -385,11 +385,11 @@ fn spawn_health_servers(
 }
 
 /// Render the bootstrap for these flags (YAML, [`Bootstrap::render`]).
-pub fn render_bootstrap(args: &BootstrapArgs) -> Result<Vec<u8>> {
+pub fn render_bootstrap(args: &BootstrapArgs) -> Result<String> {
     render(&args.validate()?)
 }
 
-fn render(config: &BootstrapConfig) -> Result<Vec<u8>> {
+fn render(config: &BootstrapConfig) -> Result<String> {
     // What the control plane last saw acknowledged, if it kept it: a record that cannot be
     // read or rendered ([`read_acknowledged`] checks it as the fallback will use it), or that
     // sits in a directory another user could write (whatever it holds could be theirs), leaves
@@ -447,8 +447,7 @@ fn render(config: &BootstrapConfig) -> Result<Vec<u8>> {
             configured: config.goaway_chance,
         }),
     }
-    .render("bootstrap")?
-    .into_bytes())
+    .render("bootstrap")?)
 }
 
 /// The SDS files `bootstrap` writes and where (`None` without TLS): the listener's serving
@@ -503,7 +502,7 @@ pub fn bootstrap(args: BootstrapArgs) -> Result<()> {
     }
     let mut stdout = std::io::stdout().lock();
     stdout
-        .write_all(&bootstrap)
+        .write_all(bootstrap.as_bytes())
         .context("writing the bootstrap")?;
     stdout.flush().context("writing the bootstrap")?;
     Ok(())
@@ -523,8 +522,8 @@ mod tests {
     use skewgate_core::config::{FallbackMode, FilterConfig, UpstreamAuth, FALLBACK_LOCAL_CLUSTER};
 
     fn decoded(args: &BootstrapArgs) -> EnvoyBootstrap {
-        let bytes = render_bootstrap(args).expect("renders");
-        crate::envoy::yaml::from_yaml(&String::from_utf8(bytes).expect("text")).expect("reads back")
+        crate::envoy::yaml::from_yaml(&render_bootstrap(args).expect("renders"))
+            .expect("reads back")
     }
 
     fn secs(seconds: i64) -> ProtoDuration {
