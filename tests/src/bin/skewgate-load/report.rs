@@ -12,6 +12,12 @@
 //! start to the last one's end. A discovery sample that got a document is **hiding** when it
 //! lacks a group-version that a required version serves (both at its start and at its end),
 //! and **stale-marked** when it marks any group-version `freshness: Stale`.
+//!
+//! The latency of the 2xx answers is kept in two classes: **local** (the node's own apiserver
+//! was up throughout the request and its release serves the GVR, so no proxy had to go
+//! elsewhere) and **peer-served** (it was up throughout and its release does not serve the GVR:
+//! another apiserver answered, through whichever proxy the cluster runs). A 2xx while the node's
+//! own apiserver stopped or started is in neither class: the record cannot tell who answered.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
@@ -55,11 +61,60 @@ struct Stats {
     stale_marked_samples: u64,
     /// group-versions marked Stale, with how many samples marked each
     stale_gvs: BTreeMap<String, u64>,
+    /// the 2xx answers' latency: all of them, local, peer-served (the module's doc)
+    latency_2xx: Latency,
+    latency_local_2xx: Latency,
+    latency_peer_2xx: Latency,
+    #[serde(skip)]
+    all_ms: Vec<u64>,
+    #[serde(skip)]
+    local_ms: Vec<u64>,
+    #[serde(skip)]
+    peer_ms: Vec<u64>,
     wrong_404_examples: Vec<String>,
     avoidable_503_examples: Vec<String>,
     cut_examples: Vec<String>,
     hiding_examples: Vec<String>,
     other_examples: Vec<String>,
+}
+
+/// Nearest-rank percentiles of request durations.
+#[derive(Serialize, Default, Debug, Clone, Copy, PartialEq)]
+struct Latency {
+    n: usize,
+    p50_ms: u64,
+    p99_ms: u64,
+    max_ms: u64,
+}
+
+impl Latency {
+    fn of(ms: &mut [u64]) -> Latency {
+        ms.sort_unstable();
+        let rank = |q: f64| -> u64 {
+            // Nearest rank: the smallest value with at least q of the values at or below it.
+            let i = ((q * ms.len() as f64).ceil() as usize).clamp(1, ms.len().max(1)) - 1;
+            ms.get(i).copied().unwrap_or(0)
+        };
+        Latency {
+            n: ms.len(),
+            p50_ms: rank(0.50),
+            p99_ms: rank(0.99),
+            max_ms: ms.last().copied().unwrap_or(0),
+        }
+    }
+}
+
+impl std::fmt::Display for Latency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.n == 0 {
+            return write!(f, "none");
+        }
+        write!(
+            f,
+            "p50 {} ms, p99 {} ms, max {} ms ({})",
+            self.p50_ms, self.p99_ms, self.max_ms, self.n
+        )
+    }
 }
 
 /// Reads JSON lines; a line that does not parse (a write cut short, e.g. by a full disk) is
@@ -189,7 +244,18 @@ pub fn report_records(
                     )
                 });
             }
-            200..=299 => s.ok_2xx += 1,
+            200..=299 => {
+                s.ok_2xx += 1;
+                let ms = r.t1.saturating_sub(r.t0);
+                s.all_ms.push(ms);
+                if let Some(v) = running.up_throughout(&r.node, Component::Apiserver, r.t0, r.t1) {
+                    if catalog.serves(&BTreeSet::from([v.to_string()]), &r.gvr) {
+                        s.local_ms.push(ms);
+                    } else {
+                        s.peer_ms.push(ms);
+                    }
+                }
+            }
             503 => {
                 s.unavailable_503 += 1;
                 let servers = running.servers(&catalog, &r.node, &r.gvr, r.t0, r.t1);
@@ -296,6 +362,17 @@ pub fn report_records(
         phase: "total".to_string(),
         ..Stats::default()
     };
+    for s in &mut phases {
+        total.all_ms.extend_from_slice(&s.all_ms);
+        total.local_ms.extend_from_slice(&s.local_ms);
+        total.peer_ms.extend_from_slice(&s.peer_ms);
+        s.latency_2xx = Latency::of(&mut s.all_ms);
+        s.latency_local_2xx = Latency::of(&mut s.local_ms);
+        s.latency_peer_2xx = Latency::of(&mut s.peer_ms);
+    }
+    total.latency_2xx = Latency::of(&mut total.all_ms);
+    total.latency_local_2xx = Latency::of(&mut total.local_ms);
+    total.latency_peer_2xx = Latency::of(&mut total.peer_ms);
     for s in &phases {
         total.seconds += s.seconds;
         total.requests += s.requests;
@@ -346,6 +423,12 @@ pub fn report_records(
             s.samples_failed,
             s.hiding_samples,
             s.stale_marked_samples
+        );
+    }
+    for s in phases.iter().chain(std::iter::once(&total)) {
+        println!(
+            "#   {} 2xx latency: all {}; local {}; peer-served {}",
+            s.phase, s.latency_2xx, s.latency_local_2xx, s.latency_peer_2xx
         );
     }
     for s in &phases {
@@ -405,6 +488,71 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn latency_is_nearest_rank() {
+        let mut ms: Vec<u64> = (1..=200).rev().collect();
+        assert_eq!(
+            Latency::of(&mut ms),
+            Latency {
+                n: 200,
+                p50_ms: 100,
+                p99_ms: 198,
+                max_ms: 200
+            }
+        );
+        assert_eq!(Latency::of(&mut [7]).p99_ms, 7);
+        assert_eq!(Latency::of(&mut []), Latency::default());
+    }
+
+    /// A 2xx is local while the node's own apiserver serves the GVR, peer-served while it runs
+    /// a release that does not, and neither while it stops or starts.
+    #[test]
+    fn latency_local_and_peer_served() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let truth = dir.path().join("truth");
+        let running = dir.path().join("running");
+        std::fs::write(&truth, "0 mixed 1.30,1.33\n5000 end\n").expect("truth");
+        std::fs::write(
+            &running,
+            "0 node-1 apiserver ready 1.30\n0 node-2 apiserver ready 1.33\n0 node-1 envoy ready\n\
+             0 node-2 envoy ready\n2000 node-1 apiserver stopped\n",
+        )
+        .expect("running");
+        let v1beta2 = "resource.k8s.io/v1beta2/resourceclaims";
+        let mut requests = vec![
+            // node-1 (1.30) for pods: local; for v1beta2 (1.33 only): peer-served.
+            req(100, "node-1", "v1/pods", 200, None),
+            req(200, "node-1", v1beta2, 200, None),
+            req(300, "node-2", v1beta2, 200, None),
+            // node-1's apiserver stopped: who answered is unknown, in neither class.
+            req(2100, "node-1", "v1/pods", 200, None),
+        ];
+        requests[1].t1 = 200 + 400;
+        requests[2].t1 = 300 + 300;
+        let args = ReportArgs {
+            out: dir.path().to_path_buf(),
+            truth,
+            running,
+            fixtures: Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/discovery"),
+            settle: Duration::from_millis(0),
+        };
+        report_records(&args, requests, Vec::new()).expect("report");
+        let summary: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join("summary.json")).expect("summary"),
+        )
+        .expect("json");
+        let total = &summary["phases"][1];
+        assert_eq!(total["phase"], "total");
+        // node-1's pods (50 ms) and node-2's v1beta2 (node-2 runs 1.33: 300 ms) are local;
+        // node-1's v1beta2 (400 ms) is peer-served; the pods while node-1 stops are in neither.
+        assert_eq!(total["latency_local_2xx"]["n"], 2);
+        assert_eq!(total["latency_local_2xx"]["p50_ms"], 50);
+        assert_eq!(total["latency_local_2xx"]["max_ms"], 300);
+        assert_eq!(total["latency_peer_2xx"]["n"], 1);
+        assert_eq!(total["latency_peer_2xx"]["p99_ms"], 400);
+        assert_eq!(total["latency_2xx"]["n"], 4);
+    }
 
     fn req(t0: u64, node: &str, gvr: &str, status: u16, err: Option<&str>) -> RequestRecord {
         RequestRecord {
@@ -520,5 +668,10 @@ mod tests {
         assert_eq!(restart["other"], 2);
         assert_eq!(restart["shed"], 1);
         assert_eq!(phase("total")["requests"], 11);
+        // The one 2xx counted: node-1's pods at 100, its own 1.30 serving them (the 200 at 3200
+        // was cut by node-2's Envoy restart).
+        assert_eq!(phase("baseline")["latency_local_2xx"]["n"], 1);
+        assert_eq!(phase("baseline")["latency_peer_2xx"]["n"], 0);
+        assert_eq!(phase("total")["latency_local_2xx"]["n"], 1);
     }
 }
