@@ -322,12 +322,24 @@ fn workspace_packages() -> Vec<String> {
     .collect()
 }
 
+/// The sections `scripts/bench` takes, from its usage line (`usage: scripts/bench [all|core|...]`).
+fn bench_sections() -> Vec<String> {
+    let script = std::fs::read_to_string(repo_root().join("scripts/bench")).expect("scripts/bench");
+    let usage = script
+        .lines()
+        .find_map(|l| l.split("usage: scripts/bench [").nth(1))
+        .and_then(|rest| rest.split(']').next())
+        .expect("scripts/bench prints a usage line");
+    usage.split('|').map(str::to_string).collect()
+}
+
 #[test]
 fn every_command_the_docs_show_runs_as_written() {
     let root = repo_root();
     let mut checked = 0;
     let mut wrong = Vec::new();
     let packages = workspace_packages();
+    let bench_sections = bench_sections();
     for Doc {
         name: doc, text, ..
     } in docs()
@@ -349,6 +361,17 @@ fn every_command_the_docs_show_runs_as_written() {
                     wrong.push(format!(
                         "{doc}:{line}: `{first}` is not an executable of the repository"
                     ));
+                }
+            }
+            // scripts/bench: the section it names is one its usage line lists.
+            if first == &"scripts/bench" {
+                if let Some(section) = words.get(1).filter(|w| !w.starts_with('#')) {
+                    checked += 1;
+                    if !bench_sections.iter().any(|s| s == section) {
+                        wrong.push(format!(
+                            "{doc}:{line}: `scripts/bench {section}`: not one of {bench_sections:?}"
+                        ));
+                    }
                 }
             }
             // cargo: the packages it names are the workspace's.
