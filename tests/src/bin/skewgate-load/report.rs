@@ -509,16 +509,10 @@ mod tests {
     /// a release that does not, and neither while it stops or starts.
     #[test]
     fn latency_local_and_peer_served() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let truth = dir.path().join("truth");
-        let running = dir.path().join("running");
-        std::fs::write(&truth, "0 mixed 1.30,1.33\n5000 end\n").expect("truth");
-        std::fs::write(
-            &running,
+        let truth = "0 mixed 1.30,1.33\n5000 end\n";
+        let running =
             "0 node-1 apiserver ready 1.30\n0 node-2 apiserver ready 1.33\n0 node-1 envoy ready\n\
-             0 node-2 envoy ready\n2000 node-1 apiserver stopped\n",
-        )
-        .expect("running");
+             0 node-2 envoy ready\n2000 node-1 apiserver stopped\n";
         let v1beta2 = "resource.k8s.io/v1beta2/resourceclaims";
         let mut requests = vec![
             // node-1 (1.30) for pods: local; for v1beta2 (1.33 only): peer-served.
@@ -530,18 +524,7 @@ mod tests {
         ];
         requests[1].t1 = 200 + 400;
         requests[2].t1 = 300 + 300;
-        let args = ReportArgs {
-            out: dir.path().to_path_buf(),
-            truth,
-            running,
-            fixtures: Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/discovery"),
-            settle: Duration::from_millis(0),
-        };
-        report_records(&args, requests, Vec::new()).expect("report");
-        let summary: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(dir.path().join("summary.json")).expect("summary"),
-        )
-        .expect("json");
+        let summary = summary_of(truth, running, requests);
         let total = &summary["phases"][1];
         assert_eq!(total["phase"], "total");
         // node-1's pods (50 ms) and node-2's v1beta2 (node-2 runs 1.33: 300 ms) are local;
@@ -552,6 +535,24 @@ mod tests {
         assert_eq!(total["latency_peer_2xx"]["n"], 1);
         assert_eq!(total["latency_peer_2xx"]["p99_ms"], 400);
         assert_eq!(total["latency_2xx"]["n"], 4);
+    }
+
+    /// The summary.json `report_records` writes for these records against this truth and
+    /// running record (the test fixtures' catalog, no settle time).
+    fn summary_of(truth: &str, running: &str, requests: Vec<RequestRecord>) -> serde_json::Value {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let args = ReportArgs {
+            out: dir.path().to_path_buf(),
+            truth: dir.path().join("truth"),
+            running: dir.path().join("running"),
+            fixtures: Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/discovery"),
+            settle: Duration::from_millis(0),
+        };
+        std::fs::write(&args.truth, truth).expect("truth");
+        std::fs::write(&args.running, running).expect("running");
+        report_records(&args, requests, Vec::new()).expect("report");
+        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).expect("summary"))
+            .expect("json")
     }
 
     fn req(t0: u64, node: &str, gvr: &str, status: u16, err: Option<&str>) -> RequestRecord {
@@ -571,21 +572,10 @@ mod tests {
     /// node-2 runs 1.30 throughout, node-1 comes back as 1.33.
     #[test]
     fn avoidable_503s_and_cut_requests() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let truth = dir.path().join("truth");
-        let running = dir.path().join("running");
-        std::fs::write(
-            &truth,
-            "0 baseline 1.30\n900 upgrade 1.30,1.33\n2900 restart 1.30,1.33\n5000 end\n",
-        )
-        .expect("truth");
-        std::fs::write(
-            &running,
-            "0 node-1 apiserver ready 1.30\n0 node-2 apiserver ready 1.30\n0 node-1 envoy ready\n\
+        let truth = "0 baseline 1.30\n900 upgrade 1.30,1.33\n2900 restart 1.30,1.33\n5000 end\n";
+        let running = "0 node-1 apiserver ready 1.30\n0 node-2 apiserver ready 1.30\n0 node-1 envoy ready\n\
              0 node-2 envoy ready\n1000 node-1 apiserver stopped\n2000 node-1 apiserver ready 1.33\n\
-             3000 node-2 envoy stopped\n3500 node-2 envoy ready\n",
-        )
-        .expect("running");
+             3000 node-2 envoy stopped\n3500 node-2 envoy ready\n";
         let v1beta2 = "resource.k8s.io/v1beta2/resourceclaims";
         let requests = vec![
             req(100, "node-1", "v1/pods", 200, None),
@@ -637,18 +627,7 @@ mod tests {
                 Some("connect: Connection refused"),
             ),
         ];
-        let args = ReportArgs {
-            out: dir.path().to_path_buf(),
-            truth,
-            running,
-            fixtures: Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/discovery"),
-            settle: Duration::from_millis(0),
-        };
-        report_records(&args, requests, Vec::new()).expect("report");
-        let summary: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(dir.path().join("summary.json")).expect("summary"),
-        )
-        .expect("json");
+        let summary = summary_of(truth, running, requests);
         let phase = |name: &str| {
             summary["phases"]
                 .as_array()
